@@ -1,0 +1,59 @@
+"""User-facing errors. Compile errors carry file:line and a caret excerpt of the user's source."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SourceLoc:
+    file: str
+    line: int
+    col: int = 0
+    source_line: str = ""
+    func: str = ""
+
+    def excerpt(self) -> str:
+        head = f'  File "{self.file}", line {self.line}' + (f", in {self.func}" if self.func else "")
+        if not self.source_line:
+            return head
+        text = self.source_line.rstrip("\n")
+        stripped = text.lstrip()
+        indent = len(text) - len(stripped)
+        caret = " " * max(self.col - indent, 0) + "^"
+        return f"{head}\n    {stripped}\n    {caret}"
+
+
+class WgpuAdError(Exception):
+    """Base of every error wgpu_ad raises on purpose."""
+
+
+class CompileError(WgpuAdError):
+    """A kernel could not be compiled; the message shows where in the user's source."""
+
+    def __init__(self, message: str, loc: SourceLoc | None = None):
+        self.msg = message
+        self.loc = loc
+        text = message if loc is None else f"{message}\n{loc.excerpt()}"
+        super().__init__(text)
+
+
+class UnsupportedError(CompileError):
+    """A Python construct that kernels do not support."""
+
+
+class KernelArgError(WgpuAdError, TypeError):
+    """A kernel was called with an argument of the wrong type or shape."""
+
+
+class GpuError(WgpuAdError, RuntimeError):
+    """WebGPU reported a validation error, out-of-memory or device loss."""
+
+
+class KernelRuntimeError(WgpuAdError, RuntimeError):
+    """A check inside a kernel failed on the GPU (debug mode index checks, stack overflow)."""
+
+
+def debug_enabled() -> bool:
+    """WGPU_AD_DEBUG_COMPILER=1 shows compiler internals in tracebacks."""
+    return os.environ.get("WGPU_AD_DEBUG_COMPILER", "") not in ("", "0")

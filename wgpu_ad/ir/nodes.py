@@ -1,0 +1,112 @@
+"""One small node shape for the IR: a statement is (op, dtype, args, attr, blocks).
+
+A kernel is a list of tasks. A task is one compute dispatch: either a parallel range loop over
+[begin, end) (the outermost for of a Taichi kernel) or a serial block run by one thread.
+Statement values are SSA; mutable locals are ALLOCA slots read and written by LOCAL_LOAD/STORE.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from ..errors import SourceLoc
+from ..types import DType
+from .ops import Op
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Stmt:
+    op: Op
+    dtype: DType | None
+    args: list["Stmt"] = field(default_factory=list)
+    attr: Any = None
+    blocks: list["Block"] = field(default_factory=list)
+    name: str | None = None          # the user's variable name, for readable IR and WGSL
+    loc: SourceLoc | None = None     # where in the user's source it came from
+    id: int = field(default_factory=lambda: next(_ids))
+
+    def __repr__(self) -> str:
+        return f"%{self.id}<{self.op.name}>"
+
+
+@dataclass(eq=False)
+class Block:
+    stmts: list[Stmt] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[Stmt]:
+        return iter(self.stmts)
+
+    def __len__(self) -> int:
+        return len(self.stmts)
+
+
+@dataclass(eq=False)
+class Buffer:
+    """A global array a kernel reads or writes: a field's storage, its gradient, or an ndarray.
+
+    `source` is what the launcher binds: a field/ndarray object (fixed at compile time), or
+    ("arg", i) for the i-th ndarray argument of the kernel. `grad` marks gradient storage.
+    """
+
+    name: str
+    dtype: DType
+    source: Any
+    grad: bool = False
+
+    def __repr__(self) -> str:
+        return f"@{self.name}"
+
+
+@dataclass(eq=False)
+class ArgSlot:
+    """A 4-byte scalar of the launch's uniform block: a kernel argument or an ndarray extent."""
+
+    name: str
+    dtype: DType
+    index: int  # position in the uniform block
+
+    def __repr__(self) -> str:
+        return f"${self.name}"
+
+
+@dataclass(eq=False)
+class Task:
+    """One dispatch. kind 'range': threads run `body` for each i in [begin, end) (grid-stride);
+    kind 'serial': one thread runs `body` once. `begin`/`end` are computed by `bounds`, a block
+    every thread runs first; they may read arguments and fields."""
+
+    kind: str                      # 'range' | 'serial'
+    body: Block
+    bounds: Block = field(default_factory=Block)
+    begin: Stmt | None = None
+    end: Stmt | None = None
+    block_dim: int | None = None   # workgroup size; None = chosen by the backend
+    name: str = ""
+
+
+@dataclass(eq=False)
+class Kernel:
+    name: str
+    tasks: list[Task]
+    args: list[ArgSlot] = field(default_factory=list)
+    buffers: list[Buffer] = field(default_factory=list)
+    ret: DType | None = None       # dtype of the scalar return value, if any
+    uses_random: bool = False
+    debug: bool = False            # ASSERTs present (index checks)
+    loc: SourceLoc | None = None
+
+
+def walk(block: Block) -> Iterator[Stmt]:
+    """Every statement of a block, nested blocks included, in program order."""
+    for s in block.stmts:
+        yield s
+        for b in s.blocks:
+            yield from walk(b)
+
+
+def walk_task(task: Task) -> Iterator[Stmt]:
+    yield from walk(task.bounds)
+    yield from walk(task.body)

@@ -1,0 +1,46 @@
+"""What the compiler hands the runtime: plain data, no IR.
+
+One CompiledTask is one WGSL compute shader with a single entry point. Bindings are all in
+group 0. The runtime binds, for each BindingSpec:
+  kind 'args'   : the launch's uniform block (4-byte words, CompiledKernel.arg_words of them),
+                  bound with a dynamic offset so many launches share one uniform buffer;
+  kind 'buffer' : the storage buffer of CompiledKernel.buffer_sources[key];
+  kind 'error'  : the runtime's error buffer (array<atomic<u32>>, ERROR_WORDS words);
+  kind 'ret'    : the kernel's return-value buffer (one 4-byte word).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# error buffer layout: [0] = 1 + index of the failed assert (0 = no error), [1..] = its values' bits
+ERROR_WORDS = 16
+
+
+@dataclass(frozen=True)
+class BindingSpec:
+    binding: int
+    kind: str            # 'args' | 'buffer' | 'error' | 'ret'
+    key: int = -1        # for 'buffer': index into CompiledKernel.buffer_sources
+    read_only: bool = False
+
+
+@dataclass
+class CompiledTask:
+    name: str
+    wgsl: str
+    entry_point: str
+    workgroup_size: int
+    bindings: list[BindingSpec]
+    serial: bool         # True: dispatch exactly one workgroup (the shader runs on thread 0 only)
+
+
+@dataclass
+class CompiledKernel:
+    name: str
+    tasks: list[CompiledTask]
+    arg_words: int                                           # uniform block size in 4-byte words
+    buffer_sources: list[Any] = field(default_factory=list)  # ir Buffer.source, same order as kernel.buffers
+    ret_dtype: Any = None                                    # types.DType or None
+    # ASSERT i failed -> message template (with {} per value) and the dtypes of its values
+    asserts: list[tuple[str, list[Any]]] = field(default_factory=list)

@@ -1,0 +1,93 @@
+"""Scalar dtypes and the Vector / Matrix type descriptors users write in annotations."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DType:
+    """A scalar type. `wgsl` is its WGSL spelling, `np` its NumPy dtype."""
+
+    name: str
+    wgsl: str
+    np: np.dtype
+    is_float: bool
+    is_signed: bool
+    nbytes: int = 4
+
+    @property
+    def is_int(self) -> bool:
+        return not self.is_float and self.name != "u1"
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def __call__(self, value):  # ti.f32(1) in Python scope, like Taichi's dtype call
+        return self.np.type(value)
+
+
+f32 = DType("f32", "f32", np.dtype(np.float32), True, True)
+f16 = DType("f16", "f16", np.dtype(np.float16), True, True, nbytes=2)
+i32 = DType("i32", "i32", np.dtype(np.int32), False, True)
+u32 = DType("u32", "u32", np.dtype(np.uint32), False, False)
+u1 = DType("u1", "bool", np.dtype(np.bool_), False, False)  # comparison results; never stored in buffers
+
+float32, int32, uint32, float16 = f32, i32, u32, f16
+SCALAR_TYPES = (f32, f16, i32, u32, u1)
+
+
+def to_dtype(t) -> DType:
+    """Map what users write (ti.f32, float, int, np.float32, 'f32') to a DType."""
+    if isinstance(t, DType):
+        return t
+    table = {float: f32, int: i32, bool: i32, "f32": f32, "i32": i32, "u32": u32, "f16": f16}
+    if t in table:
+        return table[t]
+    try:
+        npd = np.dtype(t)
+    except TypeError:
+        npd = None
+    for d in (f32, f16, i32, u32):
+        if npd == d.np:
+            return d
+    raise TypeError(f"unsupported dtype {t!r}: wgpu_ad supports ti.f32, ti.i32, ti.u32 (and ti.f16 where the adapter has it)")
+
+
+def promote(a: DType, b: DType) -> DType:
+    """Binary-op result type, following Taichi: float beats int, signed i32 beats u32."""
+    if a == b:
+        return a
+    if a.is_float or b.is_float:
+        if a == f16 and b == f16:
+            return f16
+        return f32
+    if u1 in (a, b):
+        return b if a == u1 else a
+    return i32
+
+
+@dataclass(frozen=True)
+class VectorType:
+    """ti.types.vector(n, dtype) / ti.math.vec3: a compile-time element type."""
+
+    n: int
+    dtype: DType
+
+    @property
+    def shape(self) -> tuple:
+        return (self.n,)
+
+
+@dataclass(frozen=True)
+class MatrixType:
+    """ti.types.matrix(n, m, dtype) / ti.math.mat3."""
+
+    n: int
+    m: int
+    dtype: DType
+
+    @property
+    def shape(self) -> tuple:
+        return (self.n, self.m)
