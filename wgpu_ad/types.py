@@ -79,6 +79,10 @@ class VectorType:
     def shape(self) -> tuple:
         return (self.n,)
 
+    def __call__(self, *values):  # Python scope: a NumPy vector
+        flat = np.concatenate([np.ravel(np.asarray(v, dtype=self.dtype.np)) for v in values])
+        return np.resize(flat, self.n) if flat.size == 1 else flat.reshape(self.n)
+
 
 @dataclass(frozen=True)
 class MatrixType:
@@ -91,3 +95,7 @@ class MatrixType:
     @property
     def shape(self) -> tuple:
         return (self.n, self.m)
+
+    def __call__(self, *values):  # Python scope: a NumPy matrix
+        flat = np.concatenate([np.ravel(np.asarray(v, dtype=self.dtype.np)) for v in values])
+        return (np.resize(flat, self.n * self.m) if flat.size == 1 else flat).reshape(self.n, self.m)

@@ -22,7 +22,7 @@ def _attr(s: Stmt) -> str:
 
 
 def format_stmt(s: Stmt) -> str:
-    lhs = f"{s!r}:{s.dtype} = " if s.dtype is not None else ""
+    lhs = f"{s!r}:{s.dtype} = " if s.dtype is not None else (f"{s!r}: " if s.blocks else "")
     name = f"  # {s.name}" if s.name and s.op is not Op.ALLOCA else ""
     args = ", ".join(repr(a) for a in s.args)
     return f"{lhs}{s.op.name.lower()}{_attr(s)}({args}){name}"

@@ -1,0 +1,44 @@
+"""wgpu_ad: a differentiable GPU language embedded in Python, on WebGPU.
+
+`import wgpu_ad as ti` runs Taichi programs of the supported subset unchanged.
+"""
+from .errors import (CompileError, GpuError, KernelArgError, KernelRuntimeError, UnsupportedError,
+                     WgpuAdError)
+from .frontend.builtins import (abs, acos, asin, atan, atan2, atomic_add, atomic_and, atomic_max,
+                                atomic_min, atomic_or, atomic_sub, atomic_xor, cast, ceil, cos,
+                                exp, floor, log, max, min, pow, random, round, rsqrt, select, sin,
+                                sqrt, tan, tanh)
+from .frontend.loops import grouped, ndrange
+from .frontend.methods import loop_config, static
+from .lang import mathlib as math
+from .lang import types_ns as types
+from .lang.field import Field, field
+from .lang.kernel import Kernel, func, kernel, real_func, template
+from .lang.matrix import Matrix, Vector
+from .lang.ndarray import Ndarray, ndarray
+from .lang.snode import i, ij, ijk, ijkl, j, k, l, root
+from .runtime import cpu, dx12, get_runtime, gpu, metal, opengl, sync, vulkan
+from .types import f16, f32, float16, float32, i32, int32, u32, uint32
+
+
+def init(arch=None, debug: bool = False, **kwargs):
+    """Choose the adapter and create the device (Taichi's ti.init). Calling it again resets."""
+    from . import runtime
+    from .lang.kernel import clear_kernel_caches
+    clear_kernel_caches()
+    print_ir = kwargs.pop("print_ir", False)
+    print_wgsl = kwargs.pop("print_wgsl", False)
+    rt = runtime.init(arch=arch, debug=debug, **kwargs)
+    rt.print_ir, rt.print_wgsl = print_ir, print_wgsl
+    return rt
+
+
+def reset():
+    """Drop the device, all fields and compiled kernels (Taichi's ti.reset)."""
+    from . import runtime
+    from .lang.kernel import clear_kernel_caches
+    clear_kernel_caches()
+    runtime.reset()
+
+
+__version__ = "0.1.0"

@@ -1,0 +1,73 @@
+"""@ti.func calls are inlined: the callee's body is lowered in place with its own scopes."""
+from __future__ import annotations
+
+import ast
+
+from ..errors import CompileError
+from ..ir.ops import Op
+from ..types import u1
+from .lower import FuncLowerer, ReturnCtx, _contains_return
+from .refs import LocalRef
+from .values import Mat, dtype_of_entries, is_static
+
+
+def _return_kind(tree: ast.FunctionDef) -> str:
+    rets = [n for n in ast.walk(tree) if isinstance(n, ast.Return)]
+    if not rets:
+        return "tail"
+    if len(rets) == 1 and tree.body and tree.body[-1] is rets[0]:
+        return "tail"
+    return "flag"
+
+
+def inline_func(fl: FuncLowerer, func, args: list, kwargs: dict, node: ast.Call):
+    pf = func.parsed()
+    if func in fl.k.call_stack:
+        raise fl.error(node, f"@ti.func '{pf.fn.__name__}' calls itself; recursion is not supported in kernels "
+                             f"(it is inlined): use a loop")
+    if len(fl.k.call_stack) > 64:
+        raise fl.error(node, "ti.func calls nested too deeply")
+    params = pf.tree.args
+    if params.vararg or params.kwarg or params.kwonlyargs:
+        raise fl.error(node, f"@ti.func '{pf.fn.__name__}': *args, **kwargs and keyword-only parameters are not supported")
+    names = [a.arg for a in params.args]
+    defaults = dict(zip(names[len(names) - len(params.defaults):], pf.fn.__defaults__ or ()))
+    bound = dict(zip(names, args))
+    if len(args) > len(names):
+        raise fl.error(node, f"@ti.func '{pf.fn.__name__}' takes {len(names)} argument(s), got {len(args)}")
+    for k, v in kwargs.items():
+        if k not in names:
+            raise fl.error(node, f"@ti.func '{pf.fn.__name__}' has no parameter '{k}'")
+        bound[k] = v
+    scope = {}
+    sub_ret = ReturnCtx(_return_kind(pf.tree))
+    sub = FuncLowerer(fl.k, pf, [scope], sub_ret)
+    for n in names:
+        if n not in bound:
+            if n not in defaults:
+                raise fl.error(node, f"@ti.func '{pf.fn.__name__}' is missing argument '{n}'")
+            bound[n] = defaults[n]
+        v = bound[n]
+        if pf.assign_counts.get(n, 0) > 0 and isinstance(v, (int, float, bool)) or \
+                pf.assign_counts.get(n, 0) > 0 and not is_static(v):
+            # a parameter the body reassigns is a copy (pass by value, as in Taichi)
+            entries = v.entries if isinstance(v, Mat) else [v]
+            dt = dtype_of_entries(entries)
+            slots = [fl.b.alloca(dt, n) for _ in entries]
+            ref = LocalRef(slots, v.shape if isinstance(v, Mat) else (), n)
+            ref.store(fl.o, v)
+            scope[n] = ref
+        else:
+            scope[n] = v
+    if sub_ret.kind == "flag":
+        sub_ret.flag = fl.b.alloca(u1, f"{pf.fn.__name__}_returned")
+        fl.b.store(sub_ret.flag, fl.b.const(False, u1))
+        sub_ret.entry = fl.b.block
+    fl.k.call_stack.append(func)
+    try:
+        sub.lower_body(pf.tree.body)
+    finally:
+        fl.k.call_stack.pop()
+    if sub_ret.kind == "tail":
+        return sub_ret.value
+    return sub_ret.slots.load(fl.o) if sub_ret.slots is not None else None

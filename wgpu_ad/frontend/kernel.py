@@ -1,0 +1,318 @@
+"""Kernel structure: arguments, global buffers, and the split of a kernel body into tasks.
+
+As in Taichi, each outermost `for` of a kernel is a parallel loop (one task, one dispatch);
+other top-level statements run in serial tasks. Kernel-scope variables computed without side
+effects are recomputed at the start of every later task that may use them.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import CompileError
+from ..ir.builder import Builder
+from ..ir.nodes import ArgSlot, Block, Buffer, Kernel, Stmt, Task, walk
+from ..ir.ops import Op
+from ..types import DType, MatrixType, VectorType, i32, u32
+from . import builtins as B
+from .loops import analyze_iter, bind_targets, trip_count
+from .lower import FuncLowerer, LoopCtx, ParsedFunc, ReturnCtx
+from .methods import loop_config as _loop_config_marker
+from .values import Mat, Ops, is_static
+
+
+@dataclass
+class ArgSpec:
+    """How one kernel parameter is passed, decided from its annotation and the call's value."""
+
+    name: str
+    kind: str                  # 'scalar' | 'vector' | 'template' | 'ndarray'
+    dtype: DType | None = None
+    shape: tuple = ()          # vector/matrix arg shape, or the ndarray's element shape
+    ndim: int = 0              # ndarray dimensions
+    value: Any = None          # template: the compile-time value
+    needs_grad: bool = False
+
+
+@dataclass(eq=False)
+class ArrayArg:
+    """An ndarray kernel argument inside the kernel: its buffer and its (runtime) shape."""
+
+    name: str
+    dtype: DType
+    element_shape: tuple
+    shape: list
+    buffer: Buffer
+    grad_buffer: Buffer | None
+    is_array_arg: bool = True
+
+    @property
+    def grad(self) -> "ArrayArg":
+        if self.grad_buffer is None:
+            raise CompileError(f"ndarray argument '{self.name}' has no gradient: create it with needs_grad=True")
+        return ArrayArg(self.name + ".grad", self.dtype, self.element_shape, self.shape, self.grad_buffer, None)
+
+
+class KernelContext:
+    def __init__(self, name: str, pf: ParsedFunc, debug: bool):
+        self.name = name
+        self.pf = pf
+        self.debug = debug
+        self.builder = Builder()
+        self.ops = Ops(self.builder)
+        self.buffers: dict[int, Buffer] = {}
+        self.kernel = Kernel(name, [], loc=pf.loc(pf.tree))
+        self.call_stack: list = []
+        self.uses_random = False
+        self.moved_names: dict[str, str] = {}
+        self.pending_config: dict = {}
+        self.ret_dtype: DType | None = None
+        self.in_parallel = False
+
+    def buffer_for(self, obj) -> Buffer:
+        buf = self.buffers.get(id(obj))
+        if buf is None:
+            name = obj.name or f"field{len(self.buffers)}"
+            buf = Buffer(name, obj.dtype, obj, grad=bool(getattr(obj, "is_grad", False)))
+            self.buffers[id(obj)] = buf
+            self.kernel.buffers.append(buf)
+        return buf
+
+    def arg_slot(self, name: str, dtype: DType) -> ArgSlot:
+        a = ArgSlot(name, dtype, len(self.kernel.args))
+        self.kernel.args.append(a)
+        return a
+
+    def set_loop_config(self, node, block_dim=None, serialize=False, parallelize=None, block_dim_adaptive=None):
+        if block_dim is not None and not (isinstance(block_dim, int) and 1 <= block_dim <= 1024):
+            raise CompileError(f"ti.loop_config(block_dim={block_dim!r}): block_dim must be an integer in [1, 1024]")
+        self.pending_config = {"block_dim": block_dim, "serialize": bool(serialize)}
+
+    def kernel_return(self, fl: FuncLowerer, node, value):
+        if self.in_parallel:
+            raise fl.error(node, "'return' inside a parallel loop is not supported: return from the serial part of the kernel")
+        if any(l.kind in ("serial", "multi") for l in fl.loops) is False and fl.loops and fl.loops[-1].kind == "static":
+            pass
+        if self.ret_dtype is None:
+            if value is None:
+                return
+            raise fl.error(node, f"kernel '{self.name}' returns a value but has no return type annotation; "
+                                 f"add one, e.g. 'def {self.name}(...) -> ti.f32:'")
+        if isinstance(value, Mat) or value is None:
+            raise fl.error(node, f"kernel '{self.name}' must return one {self.ret_dtype} scalar")
+        fl.b.emit(Op.RETURN, [fl.o.to_stmt(fl.o.cast(value, self.ret_dtype), self.ret_dtype)])
+
+
+def _is_pure(fl_globals: dict, st: ast.stmt) -> bool:
+    """A top-level statement that only defines locals: safe to recompute in every task."""
+    if not isinstance(st, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.If, ast.Expr)):
+        return False
+    if isinstance(st, ast.Expr):
+        return False
+    for n in ast.walk(st):
+        if isinstance(n, (ast.Subscript, ast.Attribute)) and isinstance(n.ctx, ast.Store):
+            return False
+        if isinstance(n, (ast.Return, ast.For, ast.While)):
+            return False
+        if isinstance(n, ast.Call):
+            f = _resolve(fl_globals, n.func)
+            if f is B.random or getattr(f, "_wgpu_ad_func", False) or \
+                    (isinstance(f, B.Builtin) and f.ref_first_arg):
+                return False
+    return True
+
+
+def _resolve(g: dict, node):
+    if isinstance(node, ast.Name):
+        return g.get(node.id)
+    if isinstance(node, ast.Attribute):
+        base = _resolve(g, node.value)
+        return getattr(base, node.attr, None) if base is not None else None
+    return None
+
+
+def _loop_is_static(fl: FuncLowerer, node: ast.For) -> bool:
+    from .methods import static
+    it = node.iter
+    return isinstance(it, ast.Call) and _resolve(fl.globals, it.func) is static
+
+
+def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool) -> Kernel:
+    pf = ParsedFunc.parse(fn)
+    k = KernelContext(name, pf, debug)
+    k.ret_dtype = ret_dtype
+    k.kernel.ret = ret_dtype
+    # argument slots and buffers, shared by all tasks
+    slots: dict[str, Any] = {}
+    for s in specs:
+        if s.kind == "scalar":
+            slots[s.name] = k.arg_slot(s.name, s.dtype)
+        elif s.kind == "vector":
+            n = 1
+            for d in s.shape:
+                n *= d
+            slots[s.name] = [k.arg_slot(f"{s.name}_{c}", s.dtype) for c in range(n)]
+        elif s.kind == "ndarray":
+            buf = Buffer(s.name, s.dtype, ("arg", s.name))
+            gbuf = Buffer(s.name + ".grad", s.dtype, ("arg_grad", s.name), grad=True) if s.needs_grad else None
+            k.kernel.buffers.append(buf)
+            if gbuf is not None:
+                k.kernel.buffers.append(gbuf)
+            dims = [k.arg_slot(f"{s.name}_shape{d}", i32) for d in range(s.ndim)]
+            slots[s.name] = (buf, gbuf, dims)
+
+    def task_env(extra: dict) -> dict:
+        env = {}
+        b = k.builder
+        for s in specs:
+            if s.kind == "template":
+                env[s.name] = s.value
+            elif s.kind == "scalar":
+                env[s.name] = b.emit(Op.ARG, (), s.dtype, slots[s.name], name=s.name)
+            elif s.kind == "vector":
+                env[s.name] = Mat([b.emit(Op.ARG, (), s.dtype, a, name=a.name) for a in slots[s.name]], s.shape)
+            else:
+                buf, gbuf, dims = slots[s.name]
+                shape = [b.emit(Op.ARG, (), i32, a, name=a.name) for a in dims]
+                env[s.name] = ArrayArg(s.name, s.dtype, s.shape, shape, buf, gbuf)
+        env.update(extra)
+        return env
+
+    prelude: list[tuple[ast.stmt, dict]] = []
+    serial: list[tuple[ast.stmt, dict]] = []
+    tasks: list[Task] = []
+
+    def new_lowerer(env: dict) -> FuncLowerer:
+        return FuncLowerer(k, pf, [env, {}], ReturnCtx("kernel"))
+
+    def flush_serial():
+        if not serial:
+            return
+        if all(_is_pure(pf.fn.__globals__, st) for st, _ in serial):
+            serial.clear()  # only defines kernel-scope variables: recomputed where used
+            return
+        task = Task("serial", Block(), name=f"{name}_t{len(tasks)}")
+        with k.builder.at(task.body):
+            fl = new_lowerer(task_env({}))
+            n_pre = len(prelude) - sum(1 for st, _ in serial if _is_pure(fl.globals, st))
+            for st, env in prelude[:max(n_pre, 0)]:
+                _with_env(fl, env, lambda: fl.visit(st))
+            for st, env in serial:
+                _with_env(fl, env, lambda: fl.lower_body([st]))
+        tasks.append(task)
+        for st, _ in serial:
+            for n in ast.walk(st):
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and not _is_pure(fl.globals, st):
+                    k.moved_names.setdefault(n.id, (
+                        f"'{n.id}' was assigned at line {st.lineno + pf.line_offset} in a part of the kernel that "
+                        f"runs as its own GPU pass (it writes fields or calls functions with effects), so later "
+                        f"loops cannot see it. Compute '{n.id}' without side effects, or store it in a 0-d field"))
+        serial.clear()
+
+    def process(stmts: list[ast.stmt], env: dict):
+        probe = new_lowerer(dict(env))
+        for st in stmts:
+            if isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant):
+                continue
+            if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and \
+                    _resolve(probe.globals, st.value.func) is _loop_config_marker:
+                k.pending_config = {}
+                fl = new_lowerer(task_env(env))
+                with k.builder.at(Block()):
+                    fl.visit(st)
+                continue
+            if isinstance(st, ast.For) and _loop_is_static(probe, st):
+                fl = new_lowerer(task_env(env))
+                with k.builder.at(Block()):
+                    spec = analyze_iter(fl, st)
+                for item in spec.static_items:
+                    inner = dict(env)
+                    fl.scopes.append(inner)
+                    fl._bind_static_target(st.target, item)
+                    fl.scopes.pop()
+                    process(st.body, inner)
+                continue
+            if isinstance(st, ast.For):
+                cfg, k.pending_config = k.pending_config, {}
+                if cfg.get("serialize"):
+                    serial.append((st, env))
+                    flush_serial()
+                    continue
+                flush_serial()
+                tasks.append(_range_task(k, new_lowerer, task_env, prelude, st, env, cfg, len(tasks)))
+                continue
+            if _is_pure(probe.globals, st):
+                prelude.append((st, env))
+            serial.append((st, env))
+        return
+
+    process(pf.tree.body, {})
+    # trailing pure statements with no effects need no task of their own
+    if serial and all(_is_pure(new_lowerer({}).globals, st) for st, _ in serial):
+        serial.clear()
+    flush_serial()
+    kern = k.kernel
+    kern.tasks = tasks
+    if any(s.op is Op.RANDOM for t in tasks for s in walk(t.body)) or any(
+            s.op is Op.RANDOM for t in tasks for s in walk(t.bounds)):
+        k.arg_slot("_seed", u32)
+        kern.uses_random = True
+    kern.debug = debug
+    return kern
+
+
+def _with_env(fl: FuncLowerer, env: dict, f):
+    fl.scopes[0].update(env)
+    return f()
+
+
+def _range_task(k: KernelContext, new_lowerer, task_env, prelude, st: ast.For, env: dict, cfg: dict, n: int) -> Task:
+    task = Task("range", Block(), Block(), block_dim=cfg.get("block_dim"), name=f"{k.name}_t{n}")
+    o = k.ops
+    with k.builder.at(task.bounds):
+        fl = new_lowerer(task_env(env))
+        for pst, penv in prelude:
+            _with_env(fl, penv, lambda: fl.visit(pst))
+        fl.scopes[0].update(env)
+        k.builder.loc = fl.pf.loc(st)
+        spec = analyze_iter(fl, st)
+        if spec.static_items is not None:
+            raise fl.error(st, "internal: static loop reached the parallel loop builder")
+        if len(spec.dims) == 1:
+            lo, hi = trip_count(fl, *spec.dims[0], spec.step)
+            begin, end = o.to_stmt(lo, i32), o.to_stmt(hi, i32)
+            extents = None
+        else:
+            extents = [o.binary(Op.SUB, hi, lo) if not (is_static(hi) and is_static(lo)) else hi - lo
+                       for lo, hi in spec.dims]
+            total = 1
+            for e in extents:
+                total = o.binary(Op.MUL, total, e)
+            begin, end = o.to_stmt(0, i32), o.to_stmt(total, i32)
+        task.begin, task.end = begin, end
+    with k.builder.at(task.body):
+        k.builder.loc = fl.pf.loc(st)
+        idx = k.builder.loop_index(task, name="i" if isinstance(st.target, ast.Name) else "idx")
+        if extents is None:
+            indices = [idx if spec.step == 1 else o.binary(Op.ADD, spec.dims[0][0], o.binary(Op.MUL, idx, spec.step))]
+        else:
+            indices, rest = [None] * len(extents), idx
+            for d in range(len(extents) - 1, -1, -1):
+                if d == 0:
+                    q = rest
+                else:
+                    div = o.idiv(rest, extents[d])
+                    q = o.binary(Op.SUB, rest, o.binary(Op.MUL, div, extents[d]))
+                lo = spec.dims[d][0]
+                indices[d] = q if is_static(lo) and lo == 0 else o.binary(Op.ADD, q, lo)
+                if d:
+                    rest = div
+        bindings = bind_targets(fl, st, spec, indices)
+        k.in_parallel = True
+        fl.parallel_scope = len(fl.scopes)
+        try:
+            fl._loop_body(LoopCtx("parallel", task), st.body, bindings)
+        finally:
+            k.in_parallel = False
+    return task

@@ -1,0 +1,341 @@
+"""Frontend values and the scalar/matrix operations on them.
+
+A kernel-scope value is one of:
+  - a Python object (int, float, bool, field, function ...): known at compile time, folded in Python;
+  - an IR Stmt: a scalar computed on the GPU;
+  - a Mat: a vector or matrix, a row-major list of scalar entries (Stmt or Python numbers).
+Vectors and matrices are unrolled here, so the IR, autodiff and codegen only see scalars.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+
+from ..errors import CompileError
+from ..ir.builder import Builder
+from ..ir.nodes import Stmt
+from ..ir.ops import Op
+from ..types import DType, f32, i32, promote, u1, u32
+
+Scalar = "Stmt | int | float | bool"
+
+
+@dataclass
+class Mat:
+    entries: list      # row-major scalars
+    shape: tuple       # (n,) vector or (n, m) matrix
+
+    @property
+    def n(self) -> int:
+        return self.shape[0]
+
+    @property
+    def m(self) -> int:
+        return self.shape[1] if len(self.shape) == 2 else 1
+
+    @property
+    def is_vector(self) -> bool:
+        return len(self.shape) == 1
+
+    def at(self, i: int, j: int | None = None):
+        if j is None:
+            return self.entries[i]
+        return self.entries[i * self.m + j]
+
+    def rows(self) -> list[list]:
+        return [self.entries[i * self.m:(i + 1) * self.m] for i in range(self.n)]
+
+
+def is_static(v) -> bool:
+    return not isinstance(v, (Stmt, Mat))
+
+
+def py_dtype(v) -> DType:
+    if isinstance(v, bool):
+        return i32
+    if isinstance(v, int):
+        return i32
+    if isinstance(v, float):
+        return f32
+    raise TypeError(v)
+
+
+def dtype_of(v) -> DType:
+    if isinstance(v, Stmt):
+        return v.dtype
+    if isinstance(v, Mat):
+        return dtype_of_entries(v.entries)
+    return py_dtype(v)
+
+
+def dtype_of_entries(entries) -> DType:
+    dt = None
+    for e in entries:
+        d = e.dtype if isinstance(e, Stmt) else py_dtype(e)
+        dt = d if dt is None else promote(dt, d)
+    return dt or f32
+
+
+# Python-side evaluation of ops on compile-time constants (matches Python, like ti.static code)
+_PY_BINARY = {
+    Op.ADD: operator.add, Op.SUB: operator.sub, Op.MUL: operator.mul, Op.DIV: operator.truediv,
+    Op.FLOORDIV: operator.floordiv, Op.MOD: operator.mod, Op.POW: operator.pow,
+    Op.BIT_AND: operator.and_, Op.BIT_OR: operator.or_, Op.BIT_XOR: operator.xor,
+    Op.SHL: operator.lshift, Op.SHR: operator.rshift, Op.LT: operator.lt, Op.LE: operator.le,
+    Op.GT: operator.gt, Op.GE: operator.ge, Op.EQ: operator.eq, Op.NE: operator.ne,
+    Op.MIN: min, Op.MAX: max, Op.ATAN2: math.atan2,
+    Op.AND: lambda a, b: bool(a) and bool(b), Op.OR: lambda a, b: bool(a) or bool(b),
+}
+_PY_UNARY = {
+    Op.NEG: operator.neg, Op.ABS: abs, Op.NOT: operator.not_, Op.BIT_NOT: operator.invert,
+    Op.SIN: math.sin, Op.COS: math.cos, Op.TAN: math.tan, Op.ASIN: math.asin, Op.ACOS: math.acos,
+    Op.ATAN: math.atan, Op.TANH: math.tanh, Op.EXP: math.exp, Op.LOG: math.log, Op.SQRT: math.sqrt,
+    Op.RSQRT: lambda x: 1 / math.sqrt(x), Op.FLOOR: math.floor, Op.CEIL: math.ceil, Op.ROUND: round,
+    Op.SIGN: lambda x: (x > 0) - (x < 0),
+}
+
+
+class Ops:
+    """Scalar and matrix arithmetic with Taichi's typing rules, emitting IR through a Builder."""
+
+    def __init__(self, b: Builder):
+        self.b = b
+
+    # ---- scalars -------------------------------------------------------------------------
+    def to_stmt(self, v, dtype: DType | None = None) -> Stmt:
+        if isinstance(v, Stmt):
+            return v if dtype is None else self.b.cast(v, dtype)
+        if isinstance(v, Mat):
+            raise CompileError("expected a scalar, got a vector/matrix", self.b.loc)
+        if not isinstance(v, (int, float, bool)):
+            raise CompileError(f"expected a number, got {type(v).__name__} {v!r}", self.b.loc)
+        d = dtype or py_dtype(v)
+        if d == u1:
+            return self.b.const(bool(v), u1)
+        return self.b.const(v, d)
+
+    def cast(self, v, dtype: DType):
+        if isinstance(v, Mat):
+            return Mat([self.cast(e, dtype) for e in v.entries], v.shape)
+        if is_static(v):
+            if dtype.is_float:
+                return float(v)
+            return int(v) if dtype != u1 else bool(v)
+        if v.dtype == dtype:
+            return v
+        if v.op is Op.CONST:
+            return self.to_stmt(self.cast(v.attr, dtype), dtype)
+        return self.b.cast(v, dtype)
+
+    def truth(self, v) -> Stmt | bool:
+        """A condition as u1 (or a Python bool when static)."""
+        if is_static(v):
+            return bool(v)
+        if isinstance(v, Mat):
+            raise CompileError("a vector/matrix cannot be used as a condition; use any()/all() on a comparison", self.b.loc)
+        if v.dtype == u1:
+            return v
+        return self.b.emit(Op.NE, [v, self.to_stmt(0, v.dtype)])
+
+    def unary(self, op: Op, x):
+        if isinstance(x, Mat):
+            return Mat([self.unary(op, e) for e in x.entries], x.shape)
+        if is_static(x):
+            return _PY_UNARY[op](x)
+        if op is Op.NOT:
+            return self.b.emit(Op.NOT, [self.truth(x)])
+        if op in (Op.SIN, Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.TANH, Op.EXP, Op.LOG,
+                  Op.SQRT, Op.RSQRT, Op.FLOOR, Op.CEIL, Op.ROUND) and not x.dtype.is_float:
+            x = self.b.cast(x, f32)
+        if x.dtype == u1 and op in (Op.NEG, Op.ABS, Op.BIT_NOT):
+            x = self.b.cast(x, i32)
+        return self.b.emit(op, [x])
+
+    def binary(self, op: Op, a, b):
+        if isinstance(a, Mat) or isinstance(b, Mat):
+            return self._elementwise(op, a, b)
+        if is_static(a) and is_static(b):
+            if op is Op.DIV and isinstance(a, int) and isinstance(b, int):
+                return a / b
+            return _PY_BINARY[op](a, b)
+        da, db = dtype_of(a), dtype_of(b)
+        if op in (Op.AND, Op.OR):
+            return self.b.emit(op, [self.to_stmt(self.truth(a), u1), self.to_stmt(self.truth(b), u1)])
+        if op in (Op.SHL, Op.SHR):
+            if da.is_float or db.is_float:
+                raise CompileError("shift operands must be integers", self.b.loc)
+            dt = da if da != u1 else i32
+            return self.b.emit(op, [self.to_stmt(a, dt), self.to_stmt(b, dt)], dt)
+        da, db = self._literal_types(a, b, da, db)
+        dt = promote(da, db)
+        if dt == u1:
+            dt = i32
+        if op in (Op.DIV, Op.ATAN2) and not dt.is_float:
+            dt = f32  # Taichi: '/' on integers is true division
+        if op in (Op.BIT_AND, Op.BIT_OR, Op.BIT_XOR) and dt.is_float:
+            raise CompileError(f"bitwise operator on floats ({da}, {db})", self.b.loc)
+        if op is Op.POW:
+            return self.pow(a, b, dt)
+        return self.b.emit(op, [self.to_stmt(a, dt), self.to_stmt(b, dt)])
+
+    @staticmethod
+    def _literal_types(a, b, da: DType, db: DType) -> tuple[DType, DType]:
+        """A Python literal adopts the other operand's type where it fits (1 + x_f32 is f32,
+        2 * n_u32 is u32, 0.5 * n_i32 is f32)."""
+        if is_static(a):
+            da = db if (not isinstance(a, float) or db.is_float) else f32
+        if is_static(b):
+            db = da if (not isinstance(b, float) or da.is_float) else f32
+        return da, db
+
+    def idiv(self, a, b):
+        """Integer division truncating toward zero (for index arithmetic on non-negative values)."""
+        if is_static(a) and is_static(b):
+            return int(a / b)
+        return self.b.emit(Op.DIV, [self.to_stmt(a, i32), self.to_stmt(b, i32)], i32)
+
+    def pow(self, a, b, dt: DType):
+        # small constant integer exponents become multiplies: exact, differentiable, any sign of a
+        if is_static(b) and float(b).is_integer() and abs(b) <= 8:
+            e = int(b)
+            base = self.to_stmt(a, dt)
+            if e == 0:
+                return self.to_stmt(1, dt)
+            r = base
+            for _ in range(abs(e) - 1):
+                r = self.b.mul(r, base)
+            return r if e > 0 else self.binary(Op.DIV, 1.0, r)
+        return self.b.emit(Op.POW, [self.to_stmt(a, dt), self.to_stmt(b, dt)])
+
+    def select(self, c, a, b):
+        if isinstance(a, Mat) or isinstance(b, Mat):
+            a, b = self._broadcast(a, b)
+            cs = c.entries if isinstance(c, Mat) else [c] * len(a.entries)
+            return Mat([self.select(ci, x, y) for ci, x, y in zip(cs, a.entries, b.entries)], a.shape)
+        c = self.truth(c)
+        if is_static(c):
+            return a if c else b
+        if is_static(a) and is_static(b):
+            dt = promote(py_dtype(a), py_dtype(b))
+        else:
+            dt = promote(*self._literal_types(a, b, dtype_of(a), dtype_of(b)))
+        if dt == u1:
+            dt = i32
+        return self.b.select(c, self.to_stmt(a, dt), self.to_stmt(b, dt))
+
+    # ---- matrices ------------------------------------------------------------------------
+    def _broadcast(self, a, b) -> tuple[Mat, Mat]:
+        if isinstance(a, Mat) and isinstance(b, Mat):
+            if a.shape != b.shape:
+                raise CompileError(f"shape mismatch: {a.shape} and {b.shape}", self.b.loc)
+            return a, b
+        if isinstance(a, Mat):
+            return a, Mat([b] * len(a.entries), a.shape)
+        return Mat([a] * len(b.entries), b.shape), b
+
+    def _elementwise(self, op: Op, a, b) -> Mat:
+        a, b = self._broadcast(a, b)
+        return Mat([self.binary(op, x, y) for x, y in zip(a.entries, b.entries)], a.shape)
+
+    def sum(self, xs: list):
+        acc = xs[0]
+        for x in xs[1:]:
+            acc = self.binary(Op.ADD, acc, x)
+        return acc
+
+    def dot(self, a: Mat, b: Mat):
+        a, b = self._broadcast(a, b)
+        return self.sum([self.binary(Op.MUL, x, y) for x, y in zip(a.entries, b.entries)])
+
+    def matmul(self, a: Mat, b: Mat) -> Mat | Stmt:
+        if not (isinstance(a, Mat) and isinstance(b, Mat)):
+            raise CompileError("@ needs two vectors/matrices", self.b.loc)
+        if a.is_vector and b.is_vector:
+            return self.dot(a, b)
+        if b.is_vector:  # matrix @ vector
+            if a.m != b.n:
+                raise CompileError(f"matmul shape mismatch: {a.shape} @ {b.shape}", self.b.loc)
+            return Mat([self.dot(Mat(r, (a.m,)), b) for r in a.rows()], (a.n,))
+        if a.is_vector:  # vector @ matrix (row vector)
+            a = Mat(a.entries, (1, a.n))
+            r = self.matmul(a, b)
+            return Mat(r.entries, (b.m,))
+        if a.m != b.n:
+            raise CompileError(f"matmul shape mismatch: {a.shape} @ {b.shape}", self.b.loc)
+        out = []
+        for i in range(a.n):
+            for j in range(b.m):
+                out.append(self.sum([self.binary(Op.MUL, a.at(i, k), b.at(k, j)) for k in range(a.m)]))
+        return Mat(out, (a.n, b.m))
+
+    def transpose(self, a: Mat) -> Mat:
+        if a.is_vector:
+            return Mat(list(a.entries), (1, a.n))
+        return Mat([a.at(i, j) for j in range(a.m) for i in range(a.n)], (a.m, a.n))
+
+    def norm_sqr(self, a: Mat):
+        return self.dot(a, a)
+
+    def norm(self, a: Mat, eps=0):
+        s = self.norm_sqr(a)
+        if not (is_static(eps) and eps == 0):
+            s = self.binary(Op.ADD, s, eps)
+        return self.unary(Op.SQRT, self.cast(s, f32) if is_static(s) else s)
+
+    def normalized(self, a: Mat, eps=0):
+        inv = self.binary(Op.DIV, 1.0, self.norm(a, eps))
+        return self._elementwise(Op.MUL, a, inv)
+
+    def cross(self, a: Mat, b: Mat):
+        if a.shape == (3,) and b.shape == (3,):
+            x = lambda i, j: self.binary(Op.SUB, self.binary(Op.MUL, a.at(i), b.at(j)), self.binary(Op.MUL, a.at(j), b.at(i)))
+            return Mat([x(1, 2), x(2, 0), x(0, 1)], (3,))
+        if a.shape == (2,) and b.shape == (2,):
+            return self.binary(Op.SUB, self.binary(Op.MUL, a.at(0), b.at(1)), self.binary(Op.MUL, a.at(1), b.at(0)))
+        raise CompileError(f"cross product needs two 2-D or two 3-D vectors, got {a.shape} and {b.shape}", self.b.loc)
+
+    def outer(self, a: Mat, b: Mat) -> Mat:
+        return Mat([self.binary(Op.MUL, x, y) for x in a.entries for y in b.entries], (a.n, b.n))
+
+    def determinant(self, a: Mat):
+        if a.is_vector or a.n != a.m or a.n > 4:
+            raise CompileError(f"determinant needs a square matrix up to 4x4, got {a.shape}", self.b.loc)
+        return self._det([[a.at(i, j) for j in range(a.n)] for i in range(a.n)])
+
+    def _det(self, m: list[list]):
+        n = len(m)
+        if n == 1:
+            return m[0][0]
+        if n == 2:
+            return self.binary(Op.SUB, self.binary(Op.MUL, m[0][0], m[1][1]), self.binary(Op.MUL, m[0][1], m[1][0]))
+        terms = []
+        for j in range(n):
+            minor = [row[:j] + row[j + 1:] for row in m[1:]]
+            t = self.binary(Op.MUL, m[0][j], self._det(minor))
+            terms.append(t if j % 2 == 0 else self.unary(Op.NEG, t))
+        return self.sum(terms)
+
+    def inverse(self, a: Mat) -> Mat:
+        if a.is_vector or a.n != a.m or a.n not in (1, 2, 3):
+            raise CompileError(f"inverse supports 1x1, 2x2 and 3x3 matrices, got {a.shape}", self.b.loc)
+        n = a.n
+        inv_det = self.binary(Op.DIV, 1.0, self.determinant(a))
+        m = [[a.at(i, j) for j in range(n)] for i in range(n)]
+        if n == 1:
+            return Mat([inv_det], (1, 1))
+        out = []
+        for i in range(n):
+            for j in range(n):  # adjugate: cofactor of (j, i)
+                minor = [row[:i] + row[i + 1:] for k, row in enumerate(m) if k != j]
+                c = self._det(minor)
+                if (i + j) % 2:
+                    c = self.unary(Op.NEG, c)
+                out.append(self.binary(Op.MUL, c, inv_det))
+        return Mat(out, (n, n))
+
+    def reduce(self, op: Op, a: Mat):
+        acc = a.entries[0]
+        for e in a.entries[1:]:
+            acc = self.binary(op, acc, e)
+        return acc

@@ -1,0 +1,229 @@
+"""@ti.kernel and @ti.func: specialization, compilation (frontend -> passes -> WGSL) and launch."""
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import CompileError, KernelArgError, WgpuAdError, debug_enabled
+from ..types import DType, MatrixType, VectorType, to_dtype
+
+_compile_epoch = [0]  # bumped by ti.reset(): compiled kernels belong to one device
+
+
+class Template:
+    """ti.template(): the argument is bound at compile time (fields, Python values)."""
+
+    def __repr__(self):
+        return "ti.template()"
+
+
+def template() -> Template:
+    return Template()
+
+
+@dataclass(frozen=True)
+class NdarrayType:
+    """ti.types.ndarray(dtype=None, ndim=None): an ndarray argument."""
+
+    dtype: Any = None
+    ndim: int | None = None
+    needs_grad: bool | None = None
+
+    def __call__(self, *a, **k):  # allow ti.types.ndarray() and ti.types.ndarray used bare
+        return NdarrayType(*a, **k)
+
+
+ndarray_type = NdarrayType()
+
+
+class Func:
+    """@ti.func: inlined into the kernels that call it."""
+
+    _wgpu_ad_func = True
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self._parsed = None
+        self.__name__ = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def parsed(self):
+        from ..frontend.lower import ParsedFunc
+        if self._parsed is None:
+            self._parsed = ParsedFunc.parse(self.fn)
+        return self._parsed
+
+    def __call__(self, *args, **kwargs):
+        raise WgpuAdError(f"@ti.func '{self.fn.__name__}' can only be called from a kernel or another ti.func")
+
+
+def func(fn: Callable) -> Func:
+    return Func(fn)
+
+
+def real_func(fn: Callable) -> Func:  # Taichi's ti.real_func: inlined here as well
+    return Func(fn)
+
+
+def _annotation(fn, p: inspect.Parameter):
+    ann = p.annotation
+    if isinstance(ann, str):
+        try:
+            ann = eval(ann, fn.__globals__)  # `from __future__ import annotations`
+        except Exception as e:
+            raise CompileError(f"kernel '{fn.__name__}': cannot evaluate the annotation of '{p.name}': {e}")
+    return ann
+
+
+@dataclass
+class _Compiled:
+    ck: Any                         # runtime.compiled.CompiledKernel
+    ir: Any                         # the optimised ir.Kernel
+    pack: Callable                  # call values -> uniform bytes
+    bounds: list                    # per task: callable(argvals) -> thread count, or None (dynamic)
+    resolvers: list                 # per buffer: callable(call args) -> wgpu buffer
+    has_asserts: bool
+
+
+class Kernel:
+    """@ti.kernel: compiled on first call for each combination of template values and ndarray types."""
+
+    _wgpu_ad_kernel = True
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.__name__ = fn.__name__
+        self.__doc__ = fn.__doc__
+        self.sig = inspect.signature(fn)
+        self.params = list(self.sig.parameters.values())
+        self.anns = [_annotation(fn, p) for p in self.params]
+        for p, a in zip(self.params, self.anns):
+            if a is inspect.Parameter.empty:
+                raise CompileError(f"kernel '{fn.__name__}': argument '{p.name}' needs a type annotation "
+                                   f"(e.g. ti.f32, ti.i32, ti.template() or ti.types.ndarray())")
+        ret = self.sig.return_annotation
+        if isinstance(ret, str):
+            ret = eval(ret, fn.__globals__)
+        self.ret_dtype = None if ret in (inspect.Signature.empty, None) else to_dtype(ret)
+        self._cache: dict = {}
+
+    # ---- argument handling ------------------------------------------------------------
+    def _specs(self, args: tuple):
+        from ..frontend.kernel import ArgSpec
+        if len(args) != len(self.params):
+            raise KernelArgError(f"kernel '{self.__name__}' takes {len(self.params)} argument(s) "
+                                 f"({', '.join(p.name for p in self.params)}), got {len(args)}")
+        specs, key = [], []
+        for p, ann, v in zip(self.params, self.anns, args):
+            if isinstance(ann, Template) or ann is Template:
+                specs.append(ArgSpec(p.name, "template", value=v))
+                key.append(("t", id(v) if not isinstance(v, (int, float, bool, str)) else (type(v), v)))
+            elif isinstance(ann, NdarrayType) or ann is NdarrayType:
+                specs.append(self._ndarray_spec(p.name, ann, v))
+                s = specs[-1]
+                key.append(("n", s.dtype.name, s.shape, s.ndim, s.needs_grad))
+            elif isinstance(ann, (VectorType, MatrixType)):
+                specs.append(ArgSpec(p.name, "vector", ann.dtype, ann.shape))
+                key.append(("v",))
+            else:
+                try:
+                    dt = to_dtype(ann)
+                except TypeError:
+                    raise CompileError(f"kernel '{self.__name__}': unsupported annotation {ann!r} for argument '{p.name}'") from None
+                specs.append(ArgSpec(p.name, "scalar", dt))
+                key.append(("s",))
+        return specs, tuple(key)
+
+    def _ndarray_spec(self, name, ann, v):
+        from ..frontend.kernel import ArgSpec
+        if not hasattr(v, "gpu_buffer") or not hasattr(v, "element_shape") or getattr(v, "is_field", False):
+            raise KernelArgError(f"kernel '{self.__name__}': argument '{name}' must be a ti.ndarray, got {type(v).__name__}")
+        ann = ann if isinstance(ann, NdarrayType) else NdarrayType()
+        if ann.ndim is not None and ann.ndim != len(v.shape):
+            raise KernelArgError(f"kernel '{self.__name__}': argument '{name}' must have ndim={ann.ndim}, got shape {v.shape}")
+        if ann.dtype is not None:
+            want = ann.dtype
+            if isinstance(want, (VectorType, MatrixType)):
+                ok = want.dtype == v.dtype and want.shape == tuple(v.element_shape)
+            else:
+                ok = to_dtype(want) == v.dtype and tuple(v.element_shape) == ()
+            if not ok:
+                raise KernelArgError(f"kernel '{self.__name__}': argument '{name}' must have dtype {want}, got {v.dtype} with element shape {tuple(v.element_shape)}")
+        return ArgSpec(name, "ndarray", v.dtype, tuple(v.element_shape), len(v.shape),
+                       needs_grad=bool(getattr(v, "needs_grad", False)))
+
+    # ---- compilation ------------------------------------------------------------------
+    def _compile(self, specs, key, rt) -> _Compiled:
+        from ..codegen.wgsl import generate
+        from ..frontend.kernel import lower_kernel
+        from ..passes.pipeline import optimize
+        from .launch import make_bounds, make_packer, make_resolvers
+        try:
+            kern = lower_kernel(self.fn, self.__name__, specs, self.ret_dtype, debug=rt.debug)
+            print_ir = os.environ.get("WGPU_AD_PRINT_IR", "") not in ("", "0") or getattr(rt, "print_ir", False)
+            kern = optimize(kern, print_ir=print_ir, verify=rt.debug or debug_enabled())
+            ck = generate(kern, float_atomics=rt.has_float_atomics, debug=rt.debug)
+        except CompileError as e:
+            if debug_enabled():
+                raise
+            raise e.with_traceback(None) from None
+        if getattr(rt, "print_wgsl", False) or os.environ.get("WGPU_AD_PRINT_WGSL", "") not in ("", "0"):
+            for t in ck.tasks:
+                print(t.wgsl)
+        return _Compiled(ck, kern, make_packer(kern, specs), [make_bounds(t) for t in kern.tasks],
+                         make_resolvers(ck, specs), bool(ck.asserts))
+
+    def _get(self, args):
+        from .. import runtime
+        rt = runtime.get_runtime()
+        specs, key = self._specs(args)
+        full = (key, _compile_epoch[0])
+        c = self._cache.get(full)
+        if c is None:
+            c = self._cache[full] = self._compile(specs, key, rt)
+        return c, specs, rt
+
+    def __call__(self, *args, **kwargs):
+        if kwargs:
+            args = self._bind_kwargs(args, kwargs)
+        c, specs, rt = self._get(args)
+        from .launch import launch
+        return launch(self, c, specs, args, rt)
+
+    def _bind_kwargs(self, args, kwargs):
+        try:
+            ba = self.sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise KernelArgError(f"kernel '{self.__name__}': {e}") from None
+        return tuple(ba.arguments[p.name] for p in self.params)
+
+    # ---- inspection -------------------------------------------------------------------
+    def get_ir(self, *args) -> str:
+        """The optimised IR of the kernel specialised for these arguments."""
+        from ..ir.printer import format_kernel
+        return format_kernel(self._get(args)[0].ir)
+
+    def get_wgsl(self, *args) -> str:
+        """The generated WGSL of every task of the kernel for these arguments."""
+        c = self._get(args)[0]
+        return "\n".join(t.wgsl for t in c.ck.tasks)
+
+    def print_ir(self, *args) -> None:
+        print(self.get_ir(*args))
+
+    def print_wgsl(self, *args) -> None:
+        print(self.get_wgsl(*args))
+
+
+def kernel(fn: Callable) -> Kernel:
+    return Kernel(fn)
+
+
+def clear_kernel_caches() -> None:
+    _compile_epoch[0] += 1

@@ -1,0 +1,176 @@
+"""The per-launch path of a compiled kernel: pack arguments, size dispatches, record launches.
+
+Everything that can be decided at compile time is decided in the make_* functions, so a launch
+is a few list operations and one struct.pack.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from typing import Callable
+
+from ..errors import KernelArgError
+from ..ir.nodes import Kernel, Stmt, Task
+from ..ir.ops import GroupOp, Op
+from ..ir.semantics import evaluate, to_python, to_scalar
+
+_FMT = {"f32": "f", "i32": "i", "u32": "I"}
+DYNAMIC_WORKGROUPS = 1024  # range bounds read from fields: grid-stride over this many workgroups
+
+
+def make_packer(kern: Kernel, specs) -> Callable:
+    """(call args, runtime) -> uniform bytes, in the order of kern.args."""
+    fmt = "<" + "".join(_FMT[a.dtype.name] for a in kern.args)
+    st = struct.Struct(fmt)
+    getters = []
+    by_name = {s.name: (k, s) for k, s in enumerate(specs)}
+    for a in kern.args:
+        getters.append(_getter(a, by_name))
+    if not kern.args:
+        empty = lambda args, rt: b""
+        empty.unpack = lambda data: ()
+        return empty
+
+    def pack(args, rt):
+        try:
+            return st.pack(*[g(args, rt) for g in getters])
+        except struct.error as e:
+            raise KernelArgError(_explain(kern, specs, args, e)) from None
+    pack.unpack = st.unpack
+    return pack
+
+
+def _getter(a, by_name):
+    if a.name == "_seed":
+        return lambda args, rt: rt.next_seed()
+    if a.name in by_name:
+        k, s = by_name[a.name]
+        conv = float if a.dtype.is_float else int
+        name = a.name
+
+        def scalar(args, rt, k=k):
+            v = args[k]
+            if isinstance(v, (list, tuple)) or hasattr(v, "shape") and getattr(v, "shape", ()) != ():
+                raise KernelArgError(f"argument '{name}' must be a scalar {a.dtype}, got {type(v).__name__}")
+            return conv(v)
+        return scalar
+    base, _, tail = a.name.rpartition("_")
+    if tail.startswith("shape") and base in by_name:
+        k, _s = by_name[base]
+        d = int(tail[5:])
+        return lambda args, rt: args[k].shape[d]
+    if base in by_name:  # a component of a vector argument
+        k, s = by_name[base]
+        c = int(tail)
+        conv = float if a.dtype.is_float else int
+        return lambda args, rt: conv(_flat(args[k], s)[c])
+    raise AssertionError(f"no value for uniform slot {a.name}")
+
+
+def _flat(v, spec):
+    import numpy as np
+    arr = np.asarray(v, dtype=np.float64).reshape(-1)
+    n = int(np.prod(spec.shape))
+    if arr.size != n:
+        raise KernelArgError(f"argument '{spec.name}' must have {n} components, got {arr.size}")
+    return arr
+
+
+def _explain(kern, specs, args, e) -> str:
+    for s, v in zip(specs, args):
+        if s.kind == "scalar":
+            if not isinstance(v, (int, float, bool)) and not hasattr(v, "__float__"):
+                return f"kernel '{kern.name}': argument '{s.name}' must be a {s.dtype} number, got {type(v).__name__}"
+            if s.dtype.is_int and not float(v).is_integer():
+                return f"kernel '{kern.name}': argument '{s.name}' must be an integer ({s.dtype}), got {v!r}"
+            if s.dtype.name == "u32" and int(v) < 0:
+                return f"kernel '{kern.name}': argument '{s.name}' is u32 and cannot be negative, got {v!r}"
+            lim = 2 ** 31 if s.dtype.name == "i32" else 2 ** 32
+            if s.dtype.is_int and not -lim <= int(v) < lim:
+                return f"kernel '{kern.name}': argument '{s.name}' = {v} does not fit in {s.dtype}"
+    return f"kernel '{kern.name}': bad arguments: {e}"
+
+
+def make_bounds(task: Task):
+    """A host-side function argvals -> number of threads for a range task, or None when the
+    bounds read fields (then the launch uses a fixed grid and the shader's grid-stride loop)."""
+    if task.kind != "range":
+        return lambda vals: 1
+    stmts = {}
+    ok = True
+
+    def collect(s: Stmt):
+        nonlocal ok
+        if s.id in stmts:
+            return
+        if s.op not in GroupOp.ALU and s.op not in (Op.CONST, Op.ARG):
+            ok = False
+            return
+        for a in s.args:
+            collect(a)
+        stmts[s.id] = s
+    collect(task.begin)
+    collect(task.end)
+    if not ok:
+        return None
+    order = list(stmts.values())
+    order.sort(key=lambda s: s.id)
+    begin, end = task.begin, task.end
+
+    def count(vals):
+        env = {}
+        for s in order:
+            if s.op is Op.CONST:
+                env[s.id] = to_scalar(s.attr, s.dtype)
+            elif s.op is Op.ARG:
+                env[s.id] = to_scalar(vals[s.attr.index], s.dtype)
+            else:
+                env[s.id] = evaluate(s.op, s.dtype, *[env[a.id] for a in s.args])
+        return max(0, to_python(env[end.id]) - to_python(env[begin.id]))
+    if all(s.op is not Op.ARG for s in order):
+        n = count(None)
+        return lambda vals: n
+    return count
+
+
+def make_resolvers(ck, specs) -> list[Callable]:
+    """Per kernel buffer: call args -> the wgpu buffer to bind."""
+    idx = {s.name: k for k, s in enumerate(specs)}
+    out = []
+    for src in ck.buffer_sources:
+        if isinstance(src, tuple) and src[0] == "arg":
+            k = idx[src[1]]
+            out.append(lambda args, k=k: args[k].gpu_buffer())
+        elif isinstance(src, tuple) and src[0] == "arg_grad":
+            k = idx[src[1]]
+            out.append(lambda args, k=k: args[k].grad.gpu_buffer())
+        else:
+            out.append(lambda args, f=src: f.gpu_buffer())
+    return out
+
+
+def launch(kobj, c, specs, args, rt):
+    ck = c.ck
+    packed = c.pack(args, rt)
+    buffers = [r(args) for r in c.resolvers]
+    vals = None
+    for ti, task in enumerate(ck.tasks):
+        if task.serial:
+            wg = 1
+        else:
+            bound = c.bounds[ti]
+            if bound is None:
+                wg = DYNAMIC_WORKGROUPS
+            else:
+                if vals is None:
+                    vals = c.pack.unpack(packed)
+                n = bound(vals)
+                if n <= 0:
+                    continue
+                wg = min(-(-n // task.workgroup_size), rt.max_workgroups)
+        rt.launch(ck, ti, buffers, packed, wg)
+    if c.has_asserts and rt.debug:
+        rt.check_errors(ck)
+    if ck.ret_dtype is not None:
+        return rt.read_ret(ck.ret_dtype)
+    return None

@@ -1,0 +1,21 @@
+"""ti.math: the math module of kernels (functions, constants, vector and matrix types)."""
+from __future__ import annotations
+
+import math as _m
+
+from ..frontend.builtins import abs  # noqa: A004
+from ..frontend.builtins import (acos, asin, atan, atan2, ceil, clamp, cos, cross, degrees,
+                                 determinant, distance, dot, exp, exp2, floor, fract, inverse,
+                                 length, log, log2, max, min, mix, normalize, pow, radians, round,
+                                 rsqrt, sign, sin, smoothstep, sqrt, step, tan, tanh)
+from ..types import MatrixType, VectorType, f32, i32, u32
+
+pi = _m.pi
+e = _m.e
+inf = float("inf")
+nan = float("nan")
+
+vec2, vec3, vec4 = VectorType(2, f32), VectorType(3, f32), VectorType(4, f32)
+ivec2, ivec3, ivec4 = VectorType(2, i32), VectorType(3, i32), VectorType(4, i32)
+uvec2, uvec3, uvec4 = VectorType(2, u32), VectorType(3, u32), VectorType(4, u32)
+mat2, mat3, mat4 = MatrixType(2, 2, f32), MatrixType(3, 3, f32), MatrixType(4, 4, f32)

@@ -1,0 +1,12 @@
+"""ti.types: annotations for kernel arguments and element types."""
+from __future__ import annotations
+
+from ..types import f16, f32, i32, u32
+from .kernel import NdarrayType, template
+from .matrix import matrix_type as matrix
+from .matrix import vector_type as vector
+
+ndarray = NdarrayType()
+float32, int32, uint32, float16 = f32, i32, u32, f16
+
+__all__ = ["ndarray", "template", "vector", "matrix", "f16", "f32", "i32", "u32"]
