@@ -64,6 +64,11 @@ class ParsedFunc:
                 for n in ast.walk(t):
                     if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
                         counts[n.id] = counts.get(n.id, 0) + 1
+                root = t
+                while isinstance(root, (ast.Subscript, ast.Attribute)):
+                    root = root.value
+                if root is not t and isinstance(root, ast.Name):
+                    counts[root.id] = counts.get(root.id, 0) + 2  # v[0] = ... mutates v
         return cls(fn, tree, fn.__code__.co_filename, start - 1, src_lines, counts)
 
     def loc(self, node: ast.AST) -> SourceLoc:

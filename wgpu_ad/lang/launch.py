@@ -45,14 +45,19 @@ def _getter(a, by_name):
         return lambda args, rt: rt.next_seed()
     if a.name in by_name:
         k, s = by_name[a.name]
-        conv = float if a.dtype.is_float else int
-        name = a.name
+        name, dt = a.name, a.dtype
 
         def scalar(args, rt, k=k):
             v = args[k]
-            if isinstance(v, (list, tuple)) or hasattr(v, "shape") and getattr(v, "shape", ()) != ():
-                raise KernelArgError(f"argument '{name}' must be a scalar {a.dtype}, got {type(v).__name__}")
-            return conv(v)
+            if type(v) is int or type(v) is float and dt.is_float:
+                return v
+            if isinstance(v, (list, tuple)) or getattr(v, "shape", ()) != ():
+                raise KernelArgError(f"argument '{name}' must be a scalar {dt}, got {type(v).__name__}")
+            if dt.is_float:
+                return float(v)
+            if not float(v).is_integer():
+                raise KernelArgError(f"argument '{name}' must be an integer ({dt}), got {v!r}")
+            return int(v)
         return scalar
     base, _, tail = a.name.rpartition("_")
     if tail.startswith("shape") and base in by_name:

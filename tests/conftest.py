@@ -1,0 +1,49 @@
+"""Shared test setup: a fresh runtime for every test, and GPU tests skipped (with the reason)
+only where wgpu finds no adapter at all."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a WebGPU adapter (lavapipe counts); skipped when there is none")
+
+
+@functools.lru_cache(maxsize=None)
+def no_adapter_reason() -> str | None:
+    """None when an adapter exists, else why GPU tests are skipped (with what to install)."""
+    from wgpu_ad.errors import GpuError
+    from wgpu_ad.runtime import adapter
+
+    try:
+        if adapter.enumerate_adapters():
+            return None
+    except GpuError as e:
+        return f"no WebGPU adapter: {e}"
+    return "no WebGPU adapter.\n" + adapter.install_instructions()
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [it for it in items if it.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    reason = no_adapter_reason()
+    if reason:
+        skip = pytest.mark.skip(reason=reason)
+        for it in gpu_items:
+            it.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def fresh_runtime():
+    """Each test starts like a new program: no device, no fields, no compiled kernels (ti.reset)."""
+    import wgpu_ad
+
+    reset = getattr(wgpu_ad, "reset", None)
+    if reset is None:  # the package API is not there yet: reset the runtime layer alone
+        from wgpu_ad.runtime import reset
+    reset()
+    yield
+    reset()

@@ -1,0 +1,150 @@
+"""User-facing error messages, asserted word for word where they are part of the contract."""
+import pytest
+
+import wgpu_ad as ti
+
+pytestmark = pytest.mark.gpu
+
+
+def _compile_error(k, *args) -> str:
+    with pytest.raises(ti.CompileError) as e:
+        k(*args)
+    return str(e.value)
+
+
+def test_unsupported_construct_names_file_line_caret():
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            f = lambda t: t + 1
+            x[i] = f(1.0)
+
+    msg = _compile_error(k)
+    assert msg.splitlines()[0] == "lambda is not supported in kernels"
+    assert "test_errors.py\", line" in msg and ", in k" in msg
+    assert msg.splitlines()[-2].strip() == "f = lambda t: t + 1"
+    assert msg.splitlines()[-1].strip() == "^"
+
+
+def test_wrong_index_arity_names_field():
+    grid = ti.field(ti.f32, shape=(4, 4))
+
+    @ti.kernel
+    def k():
+        for i in range(4):
+            grid[i] = 1.0
+
+    msg = _compile_error(k)
+    assert msg.splitlines()[0] == "field 'grid' has 2 dimension(s) but is indexed with 1 index(es)"
+
+
+def test_float_index_is_refused():
+    a = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def k():
+        for i in range(4):
+            a[i * 0.5] = 1.0
+
+    assert _compile_error(k).splitlines()[0] == \
+        "index of field 'a' must be an integer, got f32; convert it with int(...)"
+
+
+def test_undefined_name():
+    @ti.kernel
+    def k():
+        for i in range(4):
+            y = undefined_thing + 1  # noqa: F821
+
+    assert _compile_error(k).splitlines()[0] == "name 'undefined_thing' is not defined"
+
+
+def test_break_in_parallel_loop():
+    a = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def k():
+        for i in range(4):
+            if i > 1:
+                break
+            a[i] = 1.0
+
+    assert _compile_error(k).splitlines()[0].startswith(
+        "'break' is not allowed in the parallel (outermost) loop of a kernel")
+
+
+def test_plain_python_function_called_with_gpu_values():
+    a = ti.field(ti.f32, shape=4)
+
+    def helper(v):
+        return v * 2
+
+    @ti.kernel
+    def k():
+        for i in a:
+            a[i] = helper(a[i])
+
+    assert _compile_error(k).splitlines()[0] == (
+        "'helper' is called with GPU values but is neither a @ti.func nor a wgpu_ad builtin; "
+        "decorate it with @ti.func")
+
+
+def test_kernel_scope_variable_written_in_parallel_loop():
+    a = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def k():
+        s = 0.0
+        s = 1.0
+        for i in a:
+            s += a[i]
+
+    assert _compile_error(k).splitlines()[0].startswith(
+        "kernel-scope variable 's' is assigned inside the parallel loop")
+
+
+def test_missing_annotation_and_bad_argument():
+    with pytest.raises(ti.CompileError, match="argument 'n' needs a type annotation"):
+        @ti.kernel
+        def k(n):
+            pass
+
+    a = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def k2(n: ti.i32):
+        for i in range(n):
+            a[i] = 1.0
+
+    with pytest.raises(ti.KernelArgError, match=r"kernel 'k2' takes 1 argument\(s\) \(n\), got 2"):
+        k2(1, 2)
+    with pytest.raises(ti.KernelArgError, match="argument 'n' must be an integer"):
+        k2(1.5)
+
+
+def test_return_without_annotation():
+    @ti.kernel
+    def k():
+        return 1.0
+
+    assert _compile_error(k).splitlines()[0] == (
+        "kernel 'k' returns a value but has no return type annotation; add one, e.g. 'def k(...) -> ti.f32:'")
+
+
+def test_debug_mode_out_of_range_index_names_field_and_index():
+    ti.init(arch=ti.cpu, debug=True)
+    a = ti.field(ti.f32, shape=8)
+
+    @ti.kernel
+    def k(n: ti.i32):
+        for i in range(n):
+            a[i + 3] = 1.0
+
+    k(5)  # in range
+    with pytest.raises(ti.KernelRuntimeError) as e:
+        k(6)
+    msg = str(e.value)
+    assert msg.startswith("kernel 'k': index (8) is out of range for field 'a' of shape (8,) in k at ")
+    assert "test_errors.py:" in msg

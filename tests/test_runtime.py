@@ -1,0 +1,346 @@
+"""The wgpu runtime on its own: adapter choice, errors, launch ordering and batching, debug checks.
+
+Kernels here are hand-written WGSL wrapped in CompiledKernels, so the runtime is tested without
+the compiler; every result is checked against a NumPy / Python reference.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+
+import numpy as np
+import pytest
+
+from wgpu_ad.errors import GpuError, KernelRuntimeError, WgpuAdError
+from wgpu_ad.runtime import BindingSpec, CompiledKernel, CompiledTask
+from wgpu_ad.runtime import adapter as A
+from wgpu_ad.runtime import device as D
+from wgpu_ad.types import f32, i32, u32
+
+ARGS = "struct Args { w: array<vec4<u32>, 1> }\n@group(0) @binding(0) var<uniform> args: Args;\n"
+
+# a[i] += args word 0, for every i
+ADD_WGSL = ARGS + """@group(0) @binding(1) var<storage, read_write> a: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+    if (g.x < arrayLength(&a)) { a[g.x] += args.w[0].x; }
+}
+"""
+# a[args word 0] = args word 1
+STORE_WGSL = ARGS + """@group(0) @binding(1) var<storage, read_write> a: array<u32>;
+@compute @workgroup_size(1)
+fn main() { a[args.w[0].x] = args.w[0].y; }
+"""
+
+
+def add_kernel() -> CompiledKernel:
+    task = CompiledTask("add_one", ADD_WGSL, "main", 64, [BindingSpec(0, "args"), BindingSpec(1, "buffer", 0)], False)
+    return CompiledKernel("add_one", [task], 1, ["a"])
+
+
+def store_kernel() -> CompiledKernel:
+    task = CompiledTask("store", STORE_WGSL, "main", 1, [BindingSpec(0, "args"), BindingSpec(1, "buffer", 0)], True)
+    return CompiledKernel("store", [task], 2, ["a"])
+
+
+def u32s(*v) -> bytes:
+    return struct.pack(f"<{len(v)}I", *v)
+
+
+def read_u32(rt, buf, n) -> np.ndarray:
+    return np.frombuffer(rt.read(buf, 4 * n), dtype=np.uint32)
+
+
+# ---- adapter choice (pure Python: fake adapters) --------------------------------------------------
+
+class FakeAdapter:
+    def __init__(self, backend, kind, name="fake"):
+        self.info = {"device": name, "backend_type": backend, "adapter_type": kind, "description": ""}
+        self.features = set()
+        self.limits = {k: 1 for k in A.KEY_LIMITS}
+
+
+@pytest.fixture
+def fake_adapters(monkeypatch):
+    def install(*adapters):
+        monkeypatch.setattr(A, "_adapters_cache", list(adapters))
+        monkeypatch.delenv(A.ARCH_ENV_VAR, raising=False)
+        return adapters
+    return install
+
+
+def test_adapter_preference_discrete_integrated_cpu(fake_adapters):
+    gl, cpu, igpu, dgpu = fake_adapters(FakeAdapter("OpenGL", "DiscreteGPU", "gl"), FakeAdapter("Vulkan", "CPU", "lvp"),
+                                        FakeAdapter("Vulkan", "IntegratedGPU", "igpu"),
+                                        FakeAdapter("Vulkan", "DiscreteGPU", "dgpu"))
+    assert A.select_adapter(None) is dgpu
+    assert A.select_adapter(A.gpu) is dgpu
+    assert A.select_adapter(A.cpu) is cpu
+    assert A.select_adapter(A.opengl) is gl
+    assert A.select_adapter(A.vulkan) is dgpu
+    fake_adapters(cpu, igpu)
+    assert A.select_adapter(None) is igpu
+
+
+def test_adapter_prefers_vulkan_over_opengl_of_same_kind(fake_adapters):
+    gl, vk = fake_adapters(FakeAdapter("OpenGL", "CPU"), FakeAdapter("Vulkan", "CPU"))
+    assert A.select_adapter(None) is vk
+
+
+def test_missing_backend_lists_adapters(fake_adapters):
+    fake_adapters(FakeAdapter("Vulkan", "CPU", "llvmpipe"))
+    with pytest.raises(GpuError) as e:
+        A.select_adapter(A.metal)
+    assert "no adapter for arch 'metal'" in str(e.value)
+    assert "llvmpipe (Vulkan, CPU)" in str(e.value)
+
+
+def test_no_adapter_says_what_to_install(fake_adapters):
+    fake_adapters()
+    with pytest.raises(GpuError) as e:
+        D.init()
+    msg = str(e.value)
+    assert "apt-get install mesa-vulkan-drivers libvulkan1" in msg
+    assert "macOS: Metal is built in" in msg
+    assert "Windows: update the GPU driver" in msg
+
+
+def test_main_without_adapter_exits_1(fake_adapters, capsys):
+    from wgpu_ad.__main__ import main
+    fake_adapters()
+    assert main([]) == 1
+    assert "apt-get install mesa-vulkan-drivers libvulkan1" in capsys.readouterr().err
+
+
+def test_bad_arch_is_an_error(monkeypatch):
+    monkeypatch.delenv(A.ARCH_ENV_VAR, raising=False)
+    with pytest.raises(GpuError, match=r"unknown arch 'cuda' \(for a CUDA/NVIDIA GPU use ti.gpu"):
+        D.init(arch="cuda")
+    monkeypatch.setenv(A.ARCH_ENV_VAR, "tpu")
+    with pytest.raises(GpuError, match="WGPU_AD_ARCH='tpu' is not an arch"):
+        D.init()
+
+
+def test_env_var_overrides_arch(fake_adapters, monkeypatch):
+    cpu, dgpu = fake_adapters(FakeAdapter("Vulkan", "CPU"), FakeAdapter("Vulkan", "DiscreteGPU"))
+    monkeypatch.setenv(A.ARCH_ENV_VAR, "cpu")
+    assert A.normalize_arch(A.gpu) == "cpu"
+    assert A.select_adapter(A.normalize_arch(A.gpu)) is cpu
+
+
+def test_default_fp_other_than_f32_is_refused():
+    with pytest.raises(WgpuAdError, match="default_fp=i32 is not supported"):
+        D.Runtime(default_fp=i32)
+
+
+# ---- the real device ------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_adapter_info_features_limits():
+    rt = D.init()
+    info = rt.adapter_info
+    assert info["backend_type"] in ("Vulkan", "Metal", "D3D12", "OpenGL")
+    assert set(info["features"]) == set(A.WANTED_FEATURES)
+    for f, present in info["features"].items():
+        assert (f in rt.features) == present  # every wanted feature the adapter has was requested
+    assert rt.limits["max-storage-buffer-binding-size"] == rt.adapter.limits["max-storage-buffer-binding-size"]
+    assert rt.max_workgroups == rt.limits["max-compute-workgroups-per-dimension"]
+    assert rt.has_float_atomics == ("shader-float32-atomic" in rt.features)
+    assert D.init(force_emulated_atomics=True).has_float_atomics is False
+
+
+@pytest.mark.gpu
+def test_main_prints_adapter(capsys):
+    from wgpu_ad.__main__ import main
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "backend:" in out and "shader-float32-atomic" in out and "max-storage-buffer-binding-size" in out
+
+
+@pytest.mark.gpu
+def test_init_twice_resets_and_get_runtime_is_lazy():
+    assert D._runtime is None  # the conftest reset
+    rt0 = D.get_runtime()
+    assert D.get_runtime() is rt0
+    rt1 = D.init(debug=True)
+    assert rt1 is not rt0 and D.get_runtime() is rt1 and rt1.debug
+    gen = D.generation()
+    D.reset()
+    assert D.generation() == gen + 1 and D._runtime is None
+
+
+@pytest.mark.gpu
+def test_broken_wgsl_names_kernel_and_line():
+    rt = D.init()
+    wgsl = "@compute @workgroup_size(1)\nfn main() {\n    let x: i32 = 1.5;\n}\n"
+    ck = CompiledKernel("broken", [CompiledTask("broken_t0", wgsl, "main", 1, [], True)], 0, [])
+    with pytest.raises(GpuError) as e:
+        rt.launch(ck, 0, [], b"", 1)
+    msg = str(e.value)
+    assert msg.startswith("kernel 'broken' (task 'broken_t0'): WebGPU rejected the WGSL shader at WGSL line 3: let x: i32 = 1.5;")
+    assert "wgsl:3:" in msg
+
+
+@pytest.mark.gpu
+def test_bad_entry_point_and_too_small_buffer_are_gpu_errors():
+    rt = D.init()
+    ck = CompiledKernel("nope", [CompiledTask("t", "@compute @workgroup_size(1) fn main() {}", "missing", 1, [], True)], 0, [])
+    with pytest.raises(GpuError, match="kernel 'nope' .*compute pipeline"):
+        rt.launch(ck, 0, [], b"", 1)
+    fixed = "@group(0) @binding(0) var<storage, read_write> a: array<u32, 64>;\n" \
+            "@compute @workgroup_size(1) fn main() { a[3] = 7u; }"
+    ck = CompiledKernel("small", [CompiledTask("t", fixed, "main", 1, [BindingSpec(0, "buffer", 0)], True)], 0, ["a"])
+    with pytest.raises(GpuError, match=r"WebGPU rejected work from kernel 'small'(.|\n)*expects 256"):
+        rt.launch(ck, 0, [rt.create_storage(16, "a")], b"", 1)
+        rt.flush()
+    # the device stays usable after a rejected batch
+    buf = rt.create_storage(64 * 4, "b")
+    rt.launch(ck, 0, [buf], b"", 1)
+    assert read_u32(rt, buf, 4).tolist() == [0, 0, 0, 7]
+
+
+@pytest.mark.gpu
+def test_write_launch_write_launch_read_order():
+    rt = D.init()
+    ck = add_kernel()
+    n = 200
+    buf = rt.create_storage(4 * n, "a")
+    ref = np.arange(n, dtype=np.uint32)
+    rt.write(buf, ref)
+    for _ in range(37):
+        rt.launch(ck, 0, [buf], u32s(1), (n + 63) // 64)
+    ref += 37
+    rt.write(buf, np.full(10, 1000, np.uint32), offset=40)  # after the launches above, before those below
+    ref[10:20] = 1000
+    snap = rt.create_storage(4 * n, "snapshot")
+    rt.copy(buf, snap, 4 * n)
+    for _ in range(5):
+        rt.launch(ck, 0, [buf], u32s(3), (n + 63) // 64)
+    np.testing.assert_array_equal(read_u32(rt, snap, n), ref)
+    ref += 15
+    np.testing.assert_array_equal(read_u32(rt, buf, n), ref)
+    rt.clear(buf, 8, offset=4)
+    rt.launch(ck, 0, [buf], u32s(1), (n + 63) // 64)
+    ref[1:3] = 0
+    ref += 1
+    np.testing.assert_array_equal(read_u32(rt, buf, n), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("max_pending, capacity", [(512, None), (7, None), (512, 5 * 32)])
+def test_each_launch_sees_its_own_args(monkeypatch, max_pending, capacity):
+    rt = D.init()
+    rt.max_pending = max_pending
+    if capacity is not None:  # force flushes when the uniform batch is full
+        monkeypatch.setattr(D, "_UNIFORM_CAPACITY", capacity)
+    n = 300
+    buf = rt.create_storage(4 * n, "a")
+    ck = store_kernel()
+    for k in range(n):
+        rt.launch(ck, 0, [buf], u32s(k, 3 * k + 11), 1)
+    np.testing.assert_array_equal(read_u32(rt, buf, n), 3 * np.arange(n) + 11)
+
+
+@pytest.mark.gpu
+def test_many_accumulating_launches_exact():
+    rt = D.init()
+    ck = add_kernel()
+    buf = rt.create_storage(4 * 100, "a")
+    for k in range(1200):  # spans several automatic flushes
+        rt.launch(ck, 0, [buf], u32s(k), 2)
+    np.testing.assert_array_equal(read_u32(rt, buf, 100), np.full(100, sum(range(1200))))
+
+
+@pytest.mark.gpu
+def test_serial_task_runs_one_workgroup_and_zero_workgroups_run_nothing():
+    rt = D.init()
+    wgsl = "@group(0) @binding(0) var<storage, read_write> a: array<atomic<u32>>;\n" \
+           "@compute @workgroup_size(8) fn main() { atomicAdd(&a[0], 1u); }"
+    mk = lambda serial: CompiledKernel("count", [CompiledTask("t", wgsl, "main", 8, [BindingSpec(0, "buffer", 0)], serial)], 0, ["a"])
+    buf = rt.create_storage(16, "a")
+    rt.launch(mk(True), 0, [buf], b"", 100)
+    assert read_u32(rt, buf, 1)[0] == 8
+    rt.launch(mk(False), 0, [buf], b"", 3)
+    rt.launch(mk(False), 0, [buf], b"", 0)
+    assert read_u32(rt, buf, 1)[0] == 8 + 24
+    with pytest.raises(GpuError, match="max-compute-workgroups-per-dimension"):
+        rt.launch(mk(False), 0, [buf], b"", rt.max_workgroups + 1)
+
+
+@pytest.mark.gpu
+def test_unaligned_write_and_read():
+    rt = D.init()
+    buf = rt.create_storage(16, "h")
+    rt.write(buf, bytes(range(1, 17)))
+    rt.write(buf, b"\xaa\xbb\xcc", offset=5)
+    assert rt.read(buf, 7, offset=3) == bytes([4, 5, 0xAA, 0xBB, 0xCC, 9, 10])
+    with pytest.raises(GpuError, match="outside buffer 'h' \\(16 bytes\\)"):
+        rt.read(buf, 8, offset=12)
+
+
+@pytest.mark.gpu
+def test_return_value_buffer():
+    rt = D.init()
+    wgsl = "@group(0) @binding(0) var<storage, read_write> ret: array<u32>;\n" \
+           "@compute @workgroup_size(1) fn main() { ret[0] = bitcast<u32>(-2.75f); }"
+    ck = CompiledKernel("r", [CompiledTask("t", wgsl, "main", 1, [BindingSpec(0, "ret")], True)], 0, [], ret_dtype=f32)
+    rt.launch(ck, 0, [], b"", 1)
+    assert rt.read_ret(f32) == -2.75
+    other = rt.create_storage(16, "ret2")
+    rt.launch(ck, 0, [], b"", 1, ret_buffer=other)
+    assert np.frombuffer(rt.read(other, 4), np.float32)[0] == -2.75
+
+
+ERR_WGSL = ARGS + """@group(0) @binding(1) var<storage, read_write> err: array<atomic<u32>>;
+@compute @workgroup_size(4)
+fn main(@builtin(local_invocation_index) t: u32) {
+    // assert #1 fails when args word 0 is 1: record once, with its values
+    if (args.w[0].x == 1u && t == 2u) {
+        if (atomicCompareExchangeWeak(&err[0], 0u, 2u).exchanged) {
+            atomicStore(&err[1], bitcast<u32>(-7));
+            atomicStore(&err[2], bitcast<u32>(0.5f));
+            atomicStore(&err[3], 4000000000u);
+        }
+    }
+}
+"""
+
+
+@pytest.mark.gpu
+def test_debug_error_buffer_formats_assert():
+    rt = D.init(debug=True)
+    task = CompiledTask("t", ERR_WGSL, "main", 4, [BindingSpec(0, "args"), BindingSpec(1, "error")], False)
+    ck = CompiledKernel("checked", [task], 1, [],
+                        asserts=[("never", []), ("index {} out of range at x={} (n={})", [i32, f32, u32])])
+    rt.launch(ck, 0, [], u32s(0), 1)
+    assert rt._pending == 0  # debug mode submits each launch alone
+    rt.check_errors(ck)  # nothing failed
+    rt.launch(ck, 0, [], u32s(1), 1)
+    with pytest.raises(KernelRuntimeError) as e:
+        rt.check_errors(ck)
+    assert str(e.value) == "kernel 'checked': index -7 out of range at x=0.5 (n=4000000000)"
+    assert read_u32(rt, rt.error_buffer, 4).tolist() == [0, 0, 0, 0]  # zeroed after reporting
+    rt.check_errors(ck)
+
+
+@pytest.mark.gpu
+def test_device_loss_becomes_gpu_error():
+    rt = D.init()
+    logging.getLogger("wgpu").error("The WGPU device was lost (Unknown):\nsimulated")
+    with pytest.raises(GpuError, match="device was lost"):
+        rt.read(rt.ret_buffer, 4)
+
+
+@pytest.mark.gpu
+def test_bind_groups_and_pipelines_are_cached():
+    rt = D.init()
+    ck = add_kernel()
+    a, b = rt.create_storage(64, "a"), rt.create_storage(64, "b")
+    for buf in (a, b, a, b):
+        rt.launch(ck, 0, [buf], u32s(1), 1)
+    tp = rt._pipelines.kernel(ck).tasks[0]
+    assert len(tp.bind_groups) == 2
+    ck2 = add_kernel()  # same WGSL: same pipeline object
+    rt.launch(ck2, 0, [a], u32s(1), 1)
+    assert rt._pipelines.kernel(ck2).tasks[0].pipeline is tp.pipeline
+    assert read_u32(rt, a, 16).tolist() == [3] * 16

@@ -1,0 +1,44 @@
+"""`python -m wgpu_ad`: which adapter wgpu_ad would use, its features and limits (exit 1 if none)."""
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .errors import GpuError
+    from .runtime import adapter as A
+
+    try:
+        arch = A.normalize_arch(None)
+        adapters = A.enumerate_adapters()
+        chosen = A.select_adapter(arch)
+    except GpuError as e:
+        print(f"wgpu_ad: no usable WebGPU adapter.\n{e}", file=sys.stderr)
+        return 1
+    r = A.adapter_report(chosen)
+    print(f"wgpu_ad would use: {r['device']}")
+    print(f"  backend:      {r['backend_type']}")
+    print(f"  adapter type: {r['adapter_type']}" + ("  (software: runs on the CPU)" if r["adapter_type"] == "CPU" else ""))
+    if r["description"]:
+        print(f"  driver:       {r['description']}")
+    if arch:
+        print(f"  arch:         {arch} (from {A.ARCH_ENV_VAR})")
+    print("features wgpu_ad uses:")
+    notes = {"shader-float32-atomic": "float atomic add (else emulated with compare-exchange)",
+             "subgroup": "subgroup operations",
+             "shader-f16": "ti.f16 fields"}
+    for f, present in r["features"].items():
+        print(f"  {f:<24} {'yes' if present else 'no ':<4} {notes.get(f, '')}")
+    print("limits:")
+    for k, v in r["limits"].items():
+        print(f"  {k:<40} {v}")
+    others = [a for a in adapters if a is not chosen]
+    if others:
+        print("other adapters (pick with ti.init(arch=...) or WGPU_AD_ARCH):")
+        for a in others:
+            print(f"  {A.describe(a)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,499 @@
+"""IR kernel -> WGSL compute shaders: one module (entry point `main`) per task.
+
+A module is: a banner, `enable f16;` when needed, the argument struct and the bindings a task
+uses, helper functions copied from shaders/, then `main`. Statements become one `let` each,
+named after the user's variables; constants and arguments are written inline at their uses.
+The binding contract with the runtime is described in wgpu_ad/runtime/compiled.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ..errors import CompileError
+from ..ir.nodes import Block, Buffer, Kernel, Stmt, Task, walk, walk_task
+from ..ir.ops import AtomicKind, Op
+from ..runtime.compiled import ERROR_WORDS, BindingSpec, CompiledKernel, CompiledTask
+from ..types import DType, f16, f32, i32, u1, u32
+from . import shaders
+from .names import Namer, identifiers
+from .ops_table import ALU, MATH_HELPERS, convert, literal, spell, zero
+
+INDENT = "    "
+ATOMIC_FN = {AtomicKind.ADD: "atomicAdd", AtomicKind.SUB: "atomicSub", AtomicKind.MIN: "atomicMin",
+             AtomicKind.MAX: "atomicMax", AtomicKind.AND: "atomicAnd", AtomicKind.OR: "atomicOr",
+             AtomicKind.XOR: "atomicXor"}
+# the new value of an emulated float atomic, from `old` and `operand` (see shaders/atomics.wgsl)
+CAS_COMBINE = {AtomicKind.ADD: "old + operand", AtomicKind.SUB: "old - operand",
+               AtomicKind.MIN: "min(old, operand)", AtomicKind.MAX: "max(old, operand)"}
+NATIVE_F32_ATOMICS = frozenset({AtomicKind.ADD, AtomicKind.SUB})
+
+# module-scope names of the generated code; user names never take them
+ARGS_VAR, ARGS_STRUCT, ERR_VAR, RET_VAR = "args", "Args", "error_words", "ret_value"
+RNG_NAMES = ("rng_state", "rng_permute", "rng_hash", "rng_seed", "rand_u32", "rand_f32")
+MAIN_LOCALS = ("wg_id", "n_wg", "lid", "thread_id", "num_threads", "range_begin", "range_end",
+               "range_count", "iter")
+
+
+@lru_cache(maxsize=1)
+def _fixed_names() -> frozenset[str]:
+    names = {"main", ARGS_VAR, ARGS_STRUCT, ERR_VAR, RET_VAR, "report_error", *RNG_NAMES,
+             *MATH_HELPERS, *MAIN_LOCALS}
+    # helpers that name a buffer variable must not have it shadowed by one of their locals
+    for file in ("atomics", "assert"):
+        for body in shaders.snippets(file).values():
+            names |= identifiers(body)
+    return frozenset(names)
+
+
+@dataclass
+class Options:
+    float_atomics: bool
+    debug: bool
+    workgroup_size: int
+
+
+@dataclass
+class BufferUse:
+    loads: int = 0
+    stores: int = 0
+    atomics: set = field(default_factory=set)   # AtomicKinds
+
+    def mode(self, buf: Buffer, opts: Options) -> str:
+        """'plain' | 'atomic' (array<atomic<T>>) | 'cas' (f32 bits in array<atomic<u32>>)."""
+        if not self.atomics:
+            return "plain"
+        if buf.dtype in (i32, u32):
+            return "atomic"
+        if buf.dtype == f32:
+            native = opts.float_atomics and self.atomics <= NATIVE_F32_ATOMICS
+            return "atomic" if native else "cas"
+        raise CompileError(f"atomic operations on {buf.dtype} buffer {buf.name!r} are not supported "
+                           f"(only f32, i32 and u32)")
+
+
+def _fail(s: Stmt, why: str):
+    raise CompileError(f"WGSL code generation: {why}", s.loc)
+
+
+class TaskEmitter:
+    """Writes the WGSL module of one task."""
+
+    def __init__(self, kernel: Kernel, task: Task, index: int, opts: Options,
+                 assert_codes: dict[int, int]):
+        self.kernel, self.task, self.task_index, self.opts = kernel, task, index, opts
+        self.assert_codes = assert_codes
+        self.serial = task.kind == "serial"
+        self.wg = 1 if self.serial else int(task.block_dim or opts.workgroup_size)
+        if not 1 <= self.wg <= 1024:
+            raise CompileError(f"workgroup size {self.wg} of task {index} of kernel {kernel.name!r} "
+                               f"is out of range: use 1..1024 (WebGPU's default limit is 256)")
+        self.lines: list[str] = []
+        self.used_ids: set[int] = set()
+        self.uses: dict[int, BufferUse] = {}
+        self.uses_args = self.uses_random = self.has_return = self.has_assert = self.uses_f16 = False
+        self._scan()
+        self.mod_names = Namer(_fixed_names())
+        self.buf_name = {id(b): self.mod_names.fresh(b.name, "buf")
+                         for b in kernel.buffers if id(b) in self.uses}
+        self.buf_mode = {id(b): self.uses[id(b)].mode(b, opts)
+                         for b in kernel.buffers if id(b) in self.uses}
+        self.arg_member = self._arg_members()
+        # one compare-exchange helper per (buffer, kind) of emulated float atomics
+        self.cas_helpers: dict[tuple[int, AtomicKind], str] = {}
+        for b in kernel.buffers:
+            if self.buf_mode.get(id(b)) == "cas":
+                for kind in sorted(self.uses[id(b)].atomics, key=lambda k: k.value):
+                    self.cas_helpers[(id(b), kind)] = self.mod_names.fresh(f"atomic_{kind.value}_{self.buf_name[id(b)]}")
+        self.names = Namer(self.mod_names.taken)   # main's locals; module names stay visible
+        self.value: dict[int, str] = {}            # stmt id -> WGSL name of its value
+        self.loop_var: dict[int, str] = {}         # id(Task or RANGE_FOR stmt) -> loop variable
+        self.counter = 0
+
+    # ---- analysis ----
+    def _scan(self) -> None:
+        t = self.task
+        for s in walk_task(t):
+            self.used_ids.update(id(a) for a in s.args)
+            if s.dtype == f16 or any(a.dtype == f16 for a in s.args):
+                self.uses_f16 = True
+            if s.op is Op.ARG:
+                self.uses_args = True
+            elif s.op is Op.RANDOM:
+                self.uses_random = self.uses_args = True
+            elif s.op is Op.RETURN:
+                self.has_return = True
+            elif s.op is Op.ASSERT and self.opts.debug:
+                self.has_assert = True
+            elif s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC):
+                buf = s.attr[1] if s.op is Op.ATOMIC else s.attr
+                use = self.uses.setdefault(id(buf), BufferUse())
+                if s.op is Op.GLOBAL_LOAD:
+                    use.loads += 1
+                elif s.op is Op.GLOBAL_STORE:
+                    use.stores += 1
+                else:
+                    use.atomics.add(s.attr[0])
+                if buf.dtype == f16:
+                    self.uses_f16 = True
+        for s in (t.begin, t.end):
+            if s is not None:
+                self.used_ids.add(id(s))
+        if self.has_return and self.kernel.ret is None:
+            raise CompileError(f"kernel {self.kernel.name!r} returns a value but declares no return type")
+
+    def _arg_members(self) -> dict[int, str]:
+        names = Namer()
+        return {id(a): names.fresh(a.name, "arg") for a in sorted(self.kernel.args, key=lambda a: a.index)}
+
+    # ---- small writers ----
+    def line(self, depth: int, text: str) -> None:
+        self.lines.append(INDENT * depth + text)
+
+    def ref(self, s: Stmt) -> str:
+        """The WGSL expression that reads the value of s: a name, literal or argument."""
+        if s.op is Op.CONST:
+            return literal(s.attr, s.dtype)
+        if s.op is Op.ARG:
+            return self.arg_expr(s.attr)
+        if s.op is Op.LOOP_INDEX:
+            try:
+                return self.loop_var[id(s.attr)]
+            except KeyError:
+                _fail(s, "loop index outside its loop")
+        try:
+            return self.value[id(s)]
+        except KeyError:
+            _fail(s, f"{s!r} has no value here (used before it is defined?)")
+
+    def arg_expr(self, slot) -> str:
+        member = f"{ARGS_VAR}.{self.arg_member[id(slot)]}"
+        if slot.dtype == u1:
+            return f"({member} != 0u)"
+        if slot.dtype == f16:
+            return f"f16({member})"
+        return member
+
+    def operands(self, s: Stmt, depth: int) -> list[str]:
+        vals = [self.ref(a) for a in s.args]
+        # an op on constants only would be a WGSL const-expression, where 1 / 0 or an overflowing
+        # conversion is a shader-creation error; binding one operand to a `let` keeps it runtime
+        if s.args and all(a.op is Op.CONST for a in s.args):
+            name = self.fresh_value_name(s.args[0])
+            self.line(depth, f"let {name} = {vals[0]};")
+            vals[0] = name
+        return vals
+
+    def fresh_value_name(self, s: Stmt) -> str:
+        if s.name:
+            return self.names.fresh(s.name)
+        while True:
+            name = f"v{self.counter}"
+            self.counter += 1
+            if name not in self.names.taken:
+                self.names.reserve(name)
+                return name
+
+    def let(self, s: Stmt, expr: str, depth: int) -> None:
+        name = self.fresh_value_name(s)
+        self.value[id(s)] = name
+        self.line(depth, f"let {name} = {expr};")
+
+    def index(self, s: Stmt, depth: int) -> str:
+        """A buffer element index; a negative constant would be rejected by WGSL, so bind it."""
+        x = self.ref(s)
+        if s.op is Op.CONST and int(s.attr) < 0:
+            name = self.fresh_value_name(s)
+            self.line(depth, f"let {name} = {x};")
+            return name
+        return x
+
+    # ---- statements ----
+    def block(self, blk: Block, depth: int) -> None:
+        for s in blk.stmts:
+            self.stmt(s, depth)
+
+    def stmt(self, s: Stmt, d: int) -> None:
+        op = s.op
+        if op in (Op.CONST, Op.ARG, Op.LOOP_INDEX):
+            return  # written inline where used
+        if op in ALU:
+            expr = spell(s, self.operands(s, d))
+            if expr is None:
+                _fail(s, f"{op.name} has no WGSL spelling for {s.args[0].dtype} operands")
+            self.let(s, expr, d)
+        elif op is Op.RANDOM:
+            self.let(s, self.random_expr(s), d)
+        elif op is Op.ALLOCA:
+            name = self.names.fresh(s.name or s.attr, "var")
+            self.value[id(s)] = name
+            self.line(d, f"var {name}: {s.dtype.wgsl} = {zero(s.dtype)};")
+        elif op is Op.LOCAL_LOAD:
+            self.let(s, self.ref(s.args[0]), d)
+        elif op is Op.LOCAL_STORE:
+            self.line(d, f"{self.ref(s.args[0])} = {self.ref(s.args[1])};")
+        elif op is Op.GLOBAL_LOAD:
+            self.let(s, self.load_expr(s.attr, self.index(s.args[0], d)), d)
+        elif op is Op.GLOBAL_STORE:
+            self.line(d, self.store_stmt(s.attr, self.index(s.args[0], d), self.ref(s.args[1])))
+        elif op is Op.ATOMIC:
+            expr = self.atomic_expr(s, d)
+            if id(s) in self.used_ids:
+                self.let(s, expr, d)
+            else:
+                self.line(d, f"{expr};")
+        elif op is Op.IF:
+            self.line(d, f"if {self.ref(s.args[0])} {{")
+            self.block(s.blocks[0], d + 1)
+            if len(s.blocks) > 1 and s.blocks[1].stmts:
+                self.line(d, "} else {")
+                self.block(s.blocks[1], d + 1)
+            self.line(d, "}")
+        elif op is Op.RANGE_FOR:
+            self.range_for(s, d)
+        elif op is Op.WHILE:
+            self.line(d, "loop {")
+            self.block(s.blocks[0], d + 1)
+            self.line(d, "}")
+        elif op is Op.BREAK:
+            self.line(d, "break;")
+        elif op is Op.CONTINUE:
+            self.line(d, "continue;")
+        elif op is Op.RETURN:
+            value = convert(self.ref(s.args[0]), s.args[0].dtype, self.ret_store_dtype)
+            self.line(d, f"{RET_VAR}[0] = {value};")
+            self.line(d, "return;")
+        elif op is Op.ASSERT:
+            if self.opts.debug:
+                self.assert_(s, d)
+        else:
+            _fail(s, f"no WGSL for op {op.name}")
+
+    def range_for(self, s: Stmt, d: int) -> None:
+        hint = s.name or next((x.name for x in walk(s.blocks[0])
+                               if x.op is Op.LOOP_INDEX and x.attr is s and x.name), None)
+        var = self.names.fresh(hint or "j")
+        self.loop_var[id(s)] = var
+        begin, end = (convert(self.ref(a), a.dtype, i32) for a in s.args)
+        self.line(d, f"for (var {var}: i32 = {begin}; {var} < {end}; {var} += 1i) {{")
+        self.block(s.blocks[0], d + 1)
+        self.line(d, "}")
+
+    @property
+    def ret_store_dtype(self) -> DType:
+        return _word_dtype(self.kernel.ret)
+
+    def random_expr(self, s: Stmt) -> str:
+        return {f32: "rand_f32()", f16: "f16(rand_f32())", u32: "rand_u32()",
+                i32: "bitcast<i32>(rand_u32())"}.get(s.dtype) or _fail(s, f"random {s.dtype} is not supported")
+
+    def assert_(self, s: Stmt, d: int) -> None:
+        values = s.args[1:]
+        if len(values) > ERROR_WORDS - 1:
+            _fail(s, f"an assert can report at most {ERROR_WORDS - 1} values, this one has {len(values)}")
+        self.line(d, f"if !{self.ref(s.args[0])} {{")
+        self.line(d + 1, f"if report_error({self.assert_codes[id(s)]}u) {{")
+        for k, v in enumerate(values):
+            self.line(d + 2, f"atomicStore(&{ERR_VAR}[{k + 1}], {_bits(self.ref(v), v.dtype)});")
+        self.line(d + 1, "}")
+        self.line(d + 1, "return;  // this thread stops; the launcher raises the error")
+        self.line(d, "}")
+
+    # ---- buffers ----
+    def load_expr(self, buf: Buffer, idx: str) -> str:
+        b, mode = self.buf_name[id(buf)], self.buf_mode[id(buf)]
+        if mode == "plain":
+            return f"{b}[{idx}]"
+        if mode == "atomic":
+            return f"atomicLoad(&{b}[{idx}])"
+        return f"bitcast<f32>(atomicLoad(&{b}[{idx}]))"
+
+    def store_stmt(self, buf: Buffer, idx: str, value: str) -> str:
+        b, mode = self.buf_name[id(buf)], self.buf_mode[id(buf)]
+        if mode == "plain":
+            return f"{b}[{idx}] = {value};"
+        if mode == "atomic":
+            return f"atomicStore(&{b}[{idx}], {value});"
+        return f"atomicStore(&{b}[{idx}], bitcast<u32>({value}));"
+
+    def atomic_expr(self, s: Stmt, d: int) -> str:
+        kind, buf = s.attr
+        b, mode = self.buf_name[id(buf)], self.buf_mode[id(buf)]
+        idx, value = self.index(s.args[0], d), self.ref(s.args[1])
+        if mode == "atomic":
+            return f"{ATOMIC_FN[kind]}(&{b}[{idx}], {value})"
+        if kind not in CAS_COMBINE:
+            _fail(s, f"atomic {kind.value} needs an integer buffer, {buf.name!r} holds {buf.dtype}")
+        idx = convert(idx, s.args[0].dtype, i32)
+        return f"{self.cas_helpers[(id(buf), kind)]}({idx}, {value})"
+
+    # ---- the module ----
+    def main(self) -> list[str]:
+        t, wg = self.task, self.wg
+        self.lines = []
+        if self.serial:
+            self.line(0, "@compute @workgroup_size(1)")
+            self.line(0, "fn main() {")
+            if self.uses_random:
+                self.line(1, f"rng_seed({self.seed_expr()}, 0u, {2 * self.task_index + 1}u);")
+            self.line(1, "// forward")
+            self.block(t.body, 1)
+            self.line(0, "}")
+            return self.lines
+        self.line(0, f"@compute @workgroup_size({wg})")
+        self.line(0, "fn main(@builtin(workgroup_id) wg_id: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,")
+        self.line(0, "        @builtin(local_invocation_index) lid: u32) {")
+        self.line(1, f"let thread_id = ((wg_id.z * n_wg.y + wg_id.y) * n_wg.x + wg_id.x) * {wg}u + lid;")
+        self.line(1, f"let num_threads = n_wg.x * n_wg.y * n_wg.z * {wg}u;")
+        if self.uses_random and any(s.op is Op.RANDOM for s in walk(t.bounds)):
+            self.line(1, f"rng_seed({self.seed_expr()}, thread_id, {2 * self.task_index}u);")
+        mark = len(self.lines)
+        self.block(t.bounds, 1)
+        if len(self.lines) > mark:
+            self.lines.insert(mark, INDENT + "// bounds")
+        if t.begin is None or t.end is None:
+            raise CompileError(f"range task {self.task_index} of kernel {self.kernel.name!r} has no begin/end")
+        self.line(1, f"let range_begin = {convert(self.ref(t.begin), t.begin.dtype, i32)};")
+        self.line(1, f"let range_end = {convert(self.ref(t.end), t.end.dtype, i32)};")
+        # count and offsets in u32: a range up to 2^32 - 1 long never overflows the loop variable
+        self.line(1, "let range_count = select(0u, u32(range_end - range_begin), range_end > range_begin);")
+        self.line(1, "// forward")
+        self.line(1, "for (var iter = thread_id; iter < range_count; iter += min(num_threads, range_count - iter)) {")
+        hint = next((x.name for x in walk(t.body) if x.op is Op.LOOP_INDEX and x.attr is t and x.name), None)
+        var = self.names.fresh(hint or "i")
+        self.loop_var[id(t)] = var
+        self.line(2, f"let {var} = range_begin + i32(iter);")
+        if self.uses_random:
+            self.line(2, f"rng_seed({self.seed_expr()}, u32({var}), {2 * self.task_index + 1}u);")
+        self.block(t.body, 2)
+        self.line(1, "}")
+        self.line(0, "}")
+        return self.lines
+
+    def seed_expr(self) -> str:
+        seed = next((a for a in self.kernel.args if a.name == "_seed"), None)
+        if seed is None:
+            raise CompileError(f"kernel {self.kernel.name!r} uses random numbers but has no '_seed' argument slot")
+        return f"{ARGS_VAR}.{self.arg_member[id(seed)]}"
+
+    def module(self) -> tuple[str, list[BindingSpec]]:
+        body = self.main()
+        head = [f"// wgpu_ad kernel {self.kernel.name}, task {self.task_index} ({self.task.kind})"
+                + (f": {self.task.name}" if self.task.name else "")]
+        if self.uses_f16:
+            head.append("enable f16;")
+        head.append("")
+        bindings: list[BindingSpec] = []
+
+        def bind(kind: str, decl: str, key: int = -1, read_only: bool = False):
+            n = len(bindings)
+            bindings.append(BindingSpec(n, kind, key, read_only))
+            head.append(f"@group(0) @binding({n}) {decl}")
+
+        if self.uses_args:
+            head.append(f"struct {ARGS_STRUCT} {{")
+            for word, slot in _arg_words(self.kernel):
+                if slot is None:
+                    head.append(f"{INDENT}pad{word}: u32,")
+                else:
+                    head.append(f"{INDENT}{self.arg_member[id(slot)]}: {_word_dtype(slot.dtype).wgsl},")
+            head.append("}")
+            bind("args", f"var<uniform> {ARGS_VAR}: {ARGS_STRUCT};")
+        for k, buf in enumerate(self.kernel.buffers):
+            if id(buf) not in self.uses:
+                continue
+            use, mode, name = self.uses[id(buf)], self.buf_mode[id(buf)], self.buf_name[id(buf)]
+            if buf.dtype == u1:
+                raise CompileError(f"buffer {buf.name!r} has dtype u1 (bool), which cannot be stored; use i32")
+            elem = {"plain": buf.dtype.wgsl, "atomic": f"atomic<{buf.dtype.wgsl}>", "cas": "atomic<u32>"}[mode]
+            read_only = mode == "plain" and use.stores == 0
+            access = "read" if read_only else "read_write"
+            note = "  // f32 bits, atomics emulated by compare-exchange" if mode == "cas" else ""
+            bind("buffer", f"var<storage, {access}> {name}: array<{elem}>;{note}", k, read_only)
+        if self.has_return:
+            bind("ret", f"var<storage, read_write> {RET_VAR}: array<{self.ret_store_dtype.wgsl}>;")
+        if self.has_assert:
+            bind("error", f"var<storage, read_write> {ERR_VAR}: array<atomic<u32>>;")
+        helpers = self._helpers("\n".join(body))
+        return "\n".join(head + [""] + helpers + body) + "\n", bindings
+
+    def _helpers(self, body: str) -> list[str]:
+        out = []
+        if self.uses_random:
+            out.append(shaders.load("random"))
+        called = identifiers(body)
+        for name in MATH_HELPERS:
+            if name in called:
+                out.append(shaders.load("math", name))
+        for (buf_id, kind), fn_name in self.cas_helpers.items():
+            out.append(shaders.load("atomics", "cas_f32", fn_name=fn_name, buf=self.buf_name[buf_id],
+                                    combine=CAS_COMBINE[kind]))
+        if self.has_assert:
+            out.append(shaders.load("assert", "report_error", err=ERR_VAR))
+        return [h.rstrip("\n") + "\n" for h in out]
+
+
+def _word_dtype(dt: DType) -> DType:
+    """The 4-byte type that carries dt in a uniform or return word (bool as u32, f16 as f32)."""
+    return {u1: u32, f16: f32}.get(dt, dt)
+
+
+def _bits(expr: str, dt: DType) -> str:
+    """The u32 bits of a value, for the error buffer."""
+    if dt == u32:
+        return expr
+    if dt == u1:
+        return f"select(0u, 1u, {expr})"
+    if dt == f16:
+        return f"bitcast<u32>(f32({expr}))"
+    return f"bitcast<u32>({expr})"
+
+
+def _arg_words(kernel: Kernel) -> list[tuple[int, object]]:
+    """(word, ArgSlot or None for a gap) for every word of the uniform block, in order."""
+    by_word = {a.index: a for a in kernel.args}
+    return [(w, by_word.get(w)) for w in range(arg_words(kernel))]
+
+
+def arg_words(kernel: Kernel) -> int:
+    return max([len(kernel.args)] + [a.index + 1 for a in kernel.args])
+
+
+def _assert_codes(kernel: Kernel) -> tuple[dict[int, int], list[tuple[str, list]]]:
+    codes, table = {}, []
+    for t in kernel.tasks:
+        for s in walk_task(t):
+            if s.op is Op.ASSERT:
+                table.append((s.attr, [_word_dtype(v.dtype) if v.dtype == f16 else v.dtype for v in s.args[1:]]))
+                codes[id(s)] = len(table)   # 1 + position; 0 means "no error"
+    return codes, table
+
+
+def generate(kernel: Kernel, *, float_atomics: bool, debug: bool,
+             workgroup_size: int = 128) -> CompiledKernel:
+    """Compile every task of an IR kernel to a WGSL module; returns the runtime's plain data.
+
+    float_atomics: use WGSL atomic<f32> add/sub (the device must have 'shader-float32-atomic');
+    otherwise float atomics are compare-exchange loops on u32 bits.
+    debug: keep ASSERTs (they report through the error buffer); without it they are dropped.
+    """
+    opts = Options(float_atomics, debug, workgroup_size)
+    codes, table = _assert_codes(kernel) if debug else ({}, [])
+    tasks = []
+    for k, task in enumerate(kernel.tasks):
+        em = TaskEmitter(kernel, task, k, opts, codes)
+        wgsl, bindings = em.module()
+        tasks.append(CompiledTask(name=task.name or f"{kernel.name}_t{k}", wgsl=wgsl, entry_point="main",
+                                  workgroup_size=em.wg, bindings=bindings, serial=em.serial))
+    return CompiledKernel(name=kernel.name, tasks=tasks, arg_words=arg_words(kernel),
+                          buffer_sources=[b.source for b in kernel.buffers], ret_dtype=kernel.ret,
+                          asserts=table)
+
+
+def format_wgsl(kernel: Kernel | CompiledKernel, *, float_atomics: bool = False, debug: bool = False,
+                workgroup_size: int = 128) -> str:
+    """All tasks' WGSL as one readable text, for printing (an IR kernel is compiled first)."""
+    ck = kernel if isinstance(kernel, CompiledKernel) else generate(
+        kernel, float_atomics=float_atomics, debug=debug, workgroup_size=workgroup_size)
+    sep = "\n// " + "-" * 76 + "\n\n"
+    return sep.join(t.wgsl for t in ck.tasks)

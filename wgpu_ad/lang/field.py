@@ -1,0 +1,99 @@
+"""ti.field, ti.Vector.field, ti.Matrix.field: global arrays that kernels read and write by name.
+
+A field made without shape= is unplaced until ti.root.dense(...).place(x) (or root.place(x) for
+0-d) gives it one. Gradients are fields too (x.grad, is_grad=True, primal=x).
+"""
+from __future__ import annotations
+
+import operator
+
+from ..types import DType
+from ..errors import WgpuAdError
+from . import snode as _snode
+from .storage import Storage, check_dtype, normalize_shape
+
+
+class Field(Storage):
+    _kind = "field"
+    is_field = True
+
+    def __init__(self, dtype: DType, shape: tuple | None, element_shape: tuple = (), name: str | None = None):
+        super().__init__(dtype, shape, element_shape, name)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self._shape is None:
+            n = (self.primal.name if self.is_grad else self.name) or "x"
+            raise WgpuAdError(f"{self._label()} has no shape yet: give it shape= when creating it, or place "
+                              f"it with ti.root.dense(ti.i, n).place({n}) (ti.root.place({n}) for a 0-d field)")
+        return self._shape
+
+    @property
+    def is_placed(self) -> bool:
+        return self._shape is not None
+
+    def _place(self, shape: tuple) -> None:
+        if self._shape is not None:
+            raise WgpuAdError(f"{self._label()} already has shape {self._shape}; a field is placed once "
+                              f"(create it without shape= to place it with ti.root)")
+        self._check_alive()
+        self._shape = shape
+        if self._grad is not None:
+            self._grad._shape = shape
+
+    def _new_grad(self) -> "Field":
+        return Field(self.dtype, self._shape, self.element_shape)
+
+    def _no_grad_message(self) -> str:
+        if self.is_grad:
+            return super()._no_grad_message()
+        n = self.name or "x"
+        return (f"{self._label()} has no gradient: create it with needs_grad=True or call "
+                f"ti.root.lazy_grad() before using {n}.grad")
+
+
+def _make(dtype, shape, element_shape: tuple, name, needs_grad: bool, offset, what: str) -> Field:
+    if offset is not None:
+        raise WgpuAdError(f"{what}(offset={offset!r}) is not supported: wgpu_ad fields start at index 0; "
+                          f"shift the index in the kernel instead")
+    dt = check_dtype(dtype, what)
+    if needs_grad and not dt.is_float:
+        raise WgpuAdError(f"{what}: needs_grad=True needs a float dtype, got {dt}")
+    f = Field(dt, None, element_shape, name)
+    if needs_grad:
+        f._attach_grad()
+    if shape is not None:
+        f._place(normalize_shape(shape, what))
+        _snode.root._adopt(f)  # shape= places under root, as in Taichi (lazy_grad applies)
+    return f
+
+
+def _component_count(n, what: str, arg: str) -> int:
+    try:
+        n = operator.index(n)
+    except TypeError:
+        raise WgpuAdError(f"{what}: {arg} must be an int, got {n!r}") from None
+    if n < 1:
+        raise WgpuAdError(f"{what}: {arg} must be >= 1, got {n}")
+    return n
+
+
+def field(dtype, shape=None, name: str | None = None, needs_grad: bool = False, offset=None,
+          layout=None) -> Field:
+    """ti.field(ti.f32, shape=(n, m)): a scalar field. layout is accepted and ignored (always AOS)."""
+    return _make(dtype, shape, (), name, needs_grad, offset, "ti.field")
+
+
+def vector_field(n: int, dtype, shape=None, name: str | None = None, needs_grad: bool = False,
+                 offset=None, layout=None) -> Field:
+    """ti.Vector.field(3, ti.f32, shape=n): n components per element."""
+    n = _component_count(n, "ti.Vector.field", "n")
+    return _make(dtype, shape, (n,), name, needs_grad, offset, "ti.Vector.field")
+
+
+def matrix_field(n: int, m: int, dtype, shape=None, name: str | None = None, needs_grad: bool = False,
+                 offset=None, layout=None) -> Field:
+    """ti.Matrix.field(2, 3, ti.f32, shape=n): n x m components per element, row-major."""
+    n = _component_count(n, "ti.Matrix.field", "n")
+    m = _component_count(m, "ti.Matrix.field", "m")
+    return _make(dtype, shape, (n, m), name, needs_grad, offset, "ti.Matrix.field")

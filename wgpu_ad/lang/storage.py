@@ -1,0 +1,304 @@
+"""What fields and ndarrays share: one lazily allocated GPU buffer, Python-scope access, NumPy I/O.
+
+Memory layout (the kernel frontend relies on it): one buffer per storage (and one per gradient),
+row-major over `shape`, element components innermost; scalar index = flat(I) * prod(element_shape)
++ (c, or r * m + c for matrices).
+"""
+from __future__ import annotations
+
+import math
+import operator
+import weakref
+
+import numpy as np
+
+from ..types import DType, f16, to_dtype, u1
+from ..errors import WgpuAdError
+from ..runtime import device as _rt
+
+# Every storage alive; reset() drops their buffers so GPU memory goes with the device.
+_live: "weakref.WeakSet[Storage]" = weakref.WeakSet()
+
+
+def _drop_buffers() -> None:
+    for s in list(_live):
+        s._buffer = None
+
+
+_rt.on_reset(_drop_buffers)
+
+
+class StorageIndexError(WgpuAdError, IndexError):
+    """A Python-scope index outside a field's / ndarray's shape."""
+
+
+def check_dtype(dtype, what: str) -> DType:
+    try:
+        dt = to_dtype(dtype)
+    except TypeError as e:
+        raise WgpuAdError(f"{what}: {e}") from None
+    if dt == u1:
+        raise WgpuAdError(f"{what}: u1 (bool) cannot be stored; use ti.i32 (0 / 1)")
+    return dt
+
+
+def normalize_shape(shape, what: str) -> tuple[int, ...]:
+    """An int or a sequence of ints, each >= 1, as a tuple."""
+    items = shape if isinstance(shape, (tuple, list)) else (shape,)
+    out = []
+    for n in items:
+        try:
+            n = operator.index(n)
+        except TypeError:
+            raise WgpuAdError(f"{what}: shape must be an int or a tuple of ints, got {shape!r}") from None
+        if n < 1:
+            raise WgpuAdError(f"{what}: every dimension of shape must be >= 1, got {shape!r}")
+        out.append(n)
+    return tuple(out)
+
+
+class Storage:
+    """Base of Field and Ndarray. Subclasses set `_kind` ('field' / 'ndarray') for messages."""
+
+    _kind = "storage"
+
+    def __init__(self, dtype: DType, shape: tuple | None, element_shape: tuple, name: str | None):
+        self._name = name
+        self.dtype = dtype
+        self._shape = shape
+        self.element_shape = tuple(element_shape)
+        self.element_size = math.prod(self.element_shape)  # scalars per element
+        self._buffer = None
+        self._grad: Storage | None = None
+        self._gen = _rt.generation()
+        self.is_grad = False
+        self.primal: Storage | None = None
+        _live.add(self)
+
+    # ---- identity -----------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str | None:
+        if self._name is None and self.primal is not None and self.primal.name is not None:
+            return f"{self.primal.name}.grad"
+        return self._name
+
+    @name.setter
+    def name(self, value: str | None) -> None:
+        self._name = value
+
+    def _label(self) -> str:
+        """'field 'x'' for messages."""
+        return f"{self._kind} '{self.name}'" if self.name else f"unnamed {self._kind}"
+
+    @property
+    def needs_grad(self) -> bool:
+        return self._grad is not None
+
+    @property
+    def grad(self) -> "Storage":
+        if self._grad is None:
+            raise WgpuAdError(self._no_grad_message())
+        return self._grad
+
+    def _no_grad_message(self) -> str:
+        n = self.name or "x"
+        if self.is_grad:
+            return f"{self._label()} is a gradient and has no gradient of its own"
+        return f"{self._label()} has no gradient: create it with needs_grad=True before using {n}.grad"
+
+    def _new_grad(self) -> "Storage":
+        """A storage like self, marked as self's gradient (subclasses construct the right type)."""
+        raise NotImplementedError
+
+    def _attach_grad(self) -> None:
+        if self._grad is None:
+            if not self.dtype.is_float:
+                raise WgpuAdError(f"{self._label()} has dtype {self.dtype}: only float fields can have "
+                                  f"gradients (needs_grad=True)")
+            g = self._new_grad()
+            g.is_grad = True
+            g.primal = self
+            self._grad = g
+
+    # ---- shape --------------------------------------------------------------------------------
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def n_scalars(self) -> int:
+        return math.prod(self.shape) * self.element_size
+
+    @property
+    def nbytes(self) -> int:
+        return self.n_scalars * self.dtype.nbytes
+
+    @property
+    def n(self) -> int:
+        """Vector length / matrix rows (Taichi's x.n)."""
+        if not self.element_shape:
+            raise WgpuAdError(f"{self._label()} holds scalars; .n is for vector and matrix fields")
+        return self.element_shape[0]
+
+    @property
+    def m(self) -> int:
+        """Matrix columns (Taichi's x.m); 1 for vectors."""
+        if not self.element_shape:
+            raise WgpuAdError(f"{self._label()} holds scalars; .m is for vector and matrix fields")
+        return self.element_shape[1] if len(self.element_shape) == 2 else 1
+
+    # ---- the buffer ---------------------------------------------------------------------------
+
+    def _check_alive(self) -> None:
+        if self._gen != _rt.generation():
+            raise WgpuAdError(f"{self._label()} was created before ti.reset() / ti.init() and is gone; "
+                              f"create it again after ti.init()")
+
+    def gpu_buffer(self):
+        """The wgpu buffer (allocated, zero-filled, on first use)."""
+        b = self._buffer
+        if b is not None:
+            return b
+        return self._allocate()
+
+    def _allocate(self):
+        self._check_alive()
+        shape = self.shape  # raises for unplaced fields
+        rt = _rt.get_runtime()
+        if self.dtype == f16 and not rt.has_f16:
+            raise WgpuAdError(f"{self._label()} has dtype f16, but this adapter lacks the 'shader-f16' "
+                              f"feature; use ti.f32")
+        nbytes = self.nbytes
+        for key in ("max-storage-buffer-binding-size", "max-buffer-size"):
+            limit = rt.limits[key]
+            if nbytes > limit:
+                raise WgpuAdError(f"{self._label()} of shape {shape} ({self.dtype}) needs {nbytes} bytes, "
+                                  f"more than this adapter's {key} ({limit} bytes); make it smaller or "
+                                  f"split it into several fields")
+        self._buffer = rt.create_storage(nbytes, self.name or self._kind)
+        return self._buffer
+
+    # ---- indexing -----------------------------------------------------------------------------
+
+    def _flat_index(self, key) -> int:
+        shape = self.shape
+        if key is None or key == ():
+            if shape:
+                raise WgpuAdError(f"{self._label()} has shape {shape}: index it with {len(shape)} "
+                                  f"integer(s), not [None] (which is for 0-d fields)")
+            return 0
+        idx = key if isinstance(key, tuple) else (key,)
+        if len(idx) != len(shape):
+            want = "[None]" if not shape else f"{len(shape)} index(es)"
+            raise WgpuAdError(f"{self._label()} has shape {shape} and needs {want}; got "
+                              f"[{', '.join(map(repr, idx))}]")
+        flat = 0
+        for k, n in zip(idx, shape):
+            try:
+                k = operator.index(k)
+            except TypeError:
+                raise WgpuAdError(f"{self._label()}: index {key!r} must be integers, got {type(k).__name__}") from None
+            if not 0 <= k < n:
+                raise StorageIndexError(f"{self._label()}: index {key!r} is out of bounds for shape {shape}")
+            flat = flat * n + k
+        return flat
+
+    def __getitem__(self, key):
+        flat = self._flat_index(key)
+        es, nb = self.element_size, self.dtype.nbytes
+        if self._buffer is None:
+            self._check_alive()
+            data = bytes(es * nb)  # never written: zeros, no need to allocate
+        else:
+            data = _rt.get_runtime().read(self._buffer, es * nb, flat * es * nb)
+        arr = np.frombuffer(data, dtype=self.dtype.np)
+        if not self.element_shape:
+            return arr[0].item()
+        return arr.reshape(self.element_shape).copy()
+
+    def __setitem__(self, key, value) -> None:
+        flat = self._flat_index(key)
+        arr = self._as_elements(value, self.element_shape, f"{self._label()}[{key!r}] = ...")
+        es, nb = self.element_size, self.dtype.nbytes
+        _rt.get_runtime().write(self.gpu_buffer(), np.broadcast_to(arr, self.element_shape).ravel(), flat * es * nb)
+
+    def _as_elements(self, value, shape: tuple, what: str) -> np.ndarray:
+        """value as an array of our dtype that broadcasts to `shape` (a scalar or exactly `shape`)."""
+        if hasattr(value, "to_numpy"):
+            value = value.to_numpy()
+        try:
+            arr = np.asarray(value)
+        except (ValueError, TypeError) as e:
+            raise WgpuAdError(f"{what}: cannot use {value!r} as a value ({e})") from None
+        if arr.dtype.kind not in "biuf":
+            raise WgpuAdError(f"{what}: expected numbers, got {value!r}")
+        if arr.shape not in ((), shape):
+            raise WgpuAdError(f"{what}: expected a scalar or shape {shape}, got shape {arr.shape}")
+        with np.errstate(all="ignore"):
+            return arr.astype(self.dtype.np)
+
+    # ---- whole-storage operations -------------------------------------------------------------
+
+    def to_numpy(self, dtype=None) -> np.ndarray:
+        """A copy of the contents, shape = shape + element_shape."""
+        shape = self.shape
+        full = shape + self.element_shape
+        if self._buffer is None:
+            self._check_alive()
+            arr = np.zeros(full, dtype=self.dtype.np)
+        else:
+            view = _rt.get_runtime().read_view(self._buffer, self.nbytes)
+            arr = np.frombuffer(view, dtype=self.dtype.np).reshape(full)
+        return arr if dtype is None else arr.astype(dtype)
+
+    def from_numpy(self, arr) -> None:
+        """Copy an array of shape shape + element_shape in (float64 -> float32 etc. as NumPy's same_kind)."""
+        full = self.shape + self.element_shape
+        a = np.asarray(arr)
+        if a.shape != full:
+            el = f" (shape {self.shape} + element shape {self.element_shape})" if self.element_shape else ""
+            raise WgpuAdError(f"{self._label()}.from_numpy: expected an array of shape {full}{el}, "
+                              f"got shape {a.shape}")
+        if a.dtype.kind not in "biuf" or not np.can_cast(a.dtype, self.dtype.np, casting="same_kind"):
+            raise WgpuAdError(f"{self._label()}.from_numpy: cannot store {a.dtype} data in a {self.dtype} "
+                              f"{self._kind} without losing its kind; convert it first, e.g. "
+                              f"arr.astype(np.{self.dtype.np.name})")
+        _rt.get_runtime().write(self.gpu_buffer(), np.ascontiguousarray(a, dtype=self.dtype.np))
+
+    def fill(self, value) -> None:
+        """Set every element to value (a scalar, or one element's vector / matrix)."""
+        arr = self._as_elements(value, self.element_shape, f"{self._label()}.fill")
+        rt = _rt.get_runtime()
+        if arr.ndim == 0:
+            rt.fill(self.gpu_buffer(), arr, self.dtype, self.n_scalars)
+        else:
+            rt.write(self.gpu_buffer(), np.tile(arr.ravel(), math.prod(self.shape)))
+
+    def copy_from(self, other: "Storage") -> None:
+        """Copy another field / ndarray of the same shape, element shape and dtype (on the GPU)."""
+        if not isinstance(other, Storage):
+            raise WgpuAdError(f"{self._label()}.copy_from: expected a field or ndarray, got {type(other).__name__}")
+        mine = (self.shape, self.element_shape, self.dtype)
+        theirs = (other.shape, other.element_shape, other.dtype)
+        if mine != theirs:
+            raise WgpuAdError(f"{self._label()}.copy_from({other._label()}): shape, element shape and dtype "
+                              f"must match; {mine} vs {theirs}")
+        if other is self:
+            return
+        n = (self.nbytes + 3) // 4 * 4  # buffers are rounded up alike, so whole words are safe
+        _rt.get_runtime().copy(other.gpu_buffer(), self.gpu_buffer(), n)
+
+    def __repr__(self) -> str:
+        shape = self._shape if self._shape is not None else "unplaced"
+        el = f", element_shape={self.element_shape}" if self.element_shape else ""
+        grad = ", needs_grad=True" if self.needs_grad else ""
+        return f"<wgpu_ad {self._kind} {self.name or '(unnamed)'}: {self.dtype}, shape={shape}{el}{grad}>"
+
+    def __str__(self) -> str:
+        return str(self.to_numpy())

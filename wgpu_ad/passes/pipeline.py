@@ -1,0 +1,62 @@
+"""The ordered, named list of optimisation passes and the driver that runs them.
+
+`optimize` runs the list until the IR stops changing (at most MAX_ROUNDS times). With
+print_ir=True, or WGPU_AD_PRINT_IR=1 in the environment, it prints the IR after each pass under
+a banner naming it; with verify=True it checks the IR after each pass and names the pass that
+broke it.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from ..ir.nodes import Kernel
+from ..ir.printer import format_kernel
+from ..ir.verifier import VerifyError, verify as verify_ir
+from .cse import cse
+from .dce import dce
+from .simplify import constant_fold
+
+Pass = Callable[[Kernel], Kernel]
+
+PASSES: list[tuple[str, Pass]] = [
+    ("constant_fold", constant_fold),
+    ("cse", cse),
+    ("dce", dce),
+]
+
+MAX_ROUNDS = 4
+
+
+def print_ir_enabled() -> bool:
+    return os.environ.get("WGPU_AD_PRINT_IR", "") not in ("", "0")
+
+
+def _banner(title: str) -> str:
+    return f"// ---- {title} " + "-" * max(0, 72 - len(title))
+
+
+def optimize(kernel: Kernel, *, print_ir: bool = False, verify: bool = False,
+             passes: list[tuple[str, Pass]] | None = None) -> Kernel:
+    """Run the passes (PASSES by default) over `kernel` until a fixpoint; returns the kernel."""
+    passes = PASSES if passes is None else passes
+    show = print_ir or print_ir_enabled()
+    text = format_kernel(kernel)
+    if show:
+        print(f"{_banner(f'{kernel.name}: input')}\n{text}")
+    for round_ in range(1, MAX_ROUNDS + 1):
+        before = text
+        for name, fn in passes:
+            kernel = fn(kernel)
+            if verify:
+                try:
+                    verify_ir(kernel)
+                except VerifyError as e:
+                    raise VerifyError(f"after pass {name} (round {round_}): {e}") from e
+            if show:
+                print(f"{_banner(f'{kernel.name}: after {name} (round {round_})')}\n"
+                      f"{format_kernel(kernel)}")
+        text = format_kernel(kernel)
+        if text == before:
+            break
+    return kernel

@@ -1,0 +1,406 @@
+"""The wgpu device, buffers, batched kernel launches and read-back.
+
+Ordering model: launches, copies and clears are recorded into one pending command encoder (and,
+for launches, one open compute pass, which is much cheaper per dispatch than a pass each) and
+submitted without waiting. The CPU waits only in read() and sync(). queue.write_buffer runs at
+the next submit *before* commands recorded but not yet submitted, so write() submits pending
+work first. The uniform args of all launches in a batch live in one buffer at dynamic offsets;
+its bytes are written right before the submit that uses them.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import numpy as np
+import wgpu
+
+from ..types import DType, f32, to_dtype
+from ..errors import GpuError, KernelRuntimeError, WgpuAdError
+from . import adapter as _adapter
+from .compiled import ERROR_WORDS, CompiledKernel
+from .pipelines import WGPU_ERRORS, PipelineCache
+
+_STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+_UNIFORM_CAPACITY = 256 * 1024    # one batch's args; >= 64 KiB (max uniform binding) + alignment
+_MAX_PENDING = 512                # launches per submit: bounds recorded-but-unsubmitted memory
+_STAGING_KEEP = 16 * 1024 * 1024  # read-back staging buffers up to this size are reused
+
+
+class Runtime:
+    """One wgpu device and everything created on it. Get it with get_runtime()."""
+
+    def __init__(self, arch=None, debug: bool = False, force_emulated_atomics: bool = False,
+                 default_fp=None, random_seed: int = 0):
+        if default_fp is not None and to_dtype(default_fp) != f32:
+            raise WgpuAdError(f"default_fp={default_fp!r} is not supported: wgpu_ad computes in ti.f32")
+        self.arch = _adapter.normalize_arch(arch)
+        self.adapter = _adapter.select_adapter(self.arch)
+        wanted = [f for f in _adapter.WANTED_FEATURES if f in self.adapter.features]
+        try:
+            self.device = self.adapter.request_device_sync(
+                label="wgpu_ad", required_features=wanted, required_limits=dict(self.adapter.limits))
+        except Exception as e:
+            raise GpuError(f"could not create a device on {_adapter.describe(self.adapter)}: {e}") from e
+        self.queue = self.device.queue
+        self.features: frozenset[str] = frozenset(self.device.features)
+        self.limits: dict[str, int] = dict(self.device.limits)
+        self.debug = bool(debug)
+        self.force_emulated_atomics = bool(force_emulated_atomics)
+        self.has_float_atomics = "shader-float32-atomic" in self.features and not force_emulated_atomics
+        self.has_f16 = "shader-f16" in self.features
+        self.default_fp = f32
+        self.random_seed = int(random_seed)
+        self._seed_counter = 0
+        self.max_workgroups: int = self.limits["max-compute-workgroups-per-dimension"]
+        self.max_pending = _MAX_PENDING
+        self.lost: str | None = None  # set by the wgpu log watcher when the device is lost
+
+        self._pipelines = PipelineCache(self.device, self.limits["min-uniform-buffer-offset-alignment"])
+        self._encoder = None
+        self._pass = None
+        self._last_pipeline = None
+        self._pending = 0
+        self._batch_kernels: list[str] = []
+        self._ubuf = self.device.create_buffer(
+            label="wgpu_ad.args", size=_UNIFORM_CAPACITY, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        self._ubytes = bytearray(_UNIFORM_CAPACITY)
+        self._uoff = 0
+        self._staging = None
+        self.error_buffer = self.create_storage(ERROR_WORDS * 4, "wgpu_ad.errors")
+        self.ret_buffer = self.create_storage(16, "wgpu_ad.ret")
+
+    def __repr__(self) -> str:
+        return f"<wgpu_ad Runtime on {_adapter.describe(self.adapter)}{' debug' if self.debug else ''}>"
+
+    @property
+    def adapter_info(self) -> dict:
+        return _adapter.adapter_report(self.adapter)
+
+    # ---- buffers ------------------------------------------------------------------------------
+
+    def create_storage(self, nbytes: int, label: str = "") -> wgpu.GPUBuffer:
+        """A zero-initialised storage buffer (sizes rounded up to 4 bytes, at least 16)."""
+        size = max(16, (int(nbytes) + 3) // 4 * 4)
+        limit = self.limits["max-buffer-size"]
+        if size > limit:
+            raise GpuError(f"buffer '{label}' needs {size} bytes; this adapter's max-buffer-size is {limit}")
+        try:
+            return self.device.create_buffer(label=label, size=size, usage=_STORAGE_USAGE)
+        except WGPU_ERRORS as e:
+            raise GpuError(f"could not allocate buffer '{label}' ({size} bytes): {e}") from None
+
+    def write(self, buffer: wgpu.GPUBuffer, data, offset: int = 0) -> None:
+        """Write bytes / an array into buffer at byte offset, ordered after every earlier launch."""
+        if isinstance(data, np.ndarray):
+            mv = memoryview(np.ascontiguousarray(data)).cast("B")
+        else:
+            mv = memoryview(data).cast("B")
+        n = len(mv)
+        if n == 0:
+            return
+        if offset % 4 or n % 4:  # WebGPU copies whole 4-byte words: read, patch, write back
+            a0, a1 = offset // 4 * 4, (offset + n + 3) // 4 * 4
+            span = bytearray(self.read(buffer, a1 - a0, a0))
+            span[offset - a0: offset - a0 + n] = mv
+            offset, mv = a0, memoryview(span)
+        self._check_range(buffer, offset, len(mv), "write")
+        if self._encoder is not None:
+            self.flush()
+        try:
+            self.queue.write_buffer(buffer, offset, mv)
+        except WGPU_ERRORS as e:
+            raise GpuError(f"writing {n} bytes to buffer '{buffer.label}' failed: {e}") from None
+
+    def read(self, buffer: wgpu.GPUBuffer, nbytes: int, offset: int = 0) -> bytes:
+        """Bytes [offset, offset+nbytes) of buffer, after every launch recorded so far."""
+        return bytes(self.read_view(buffer, nbytes, offset))
+
+    def read_view(self, buffer: wgpu.GPUBuffer, nbytes: int, offset: int = 0) -> memoryview:
+        """Like read(), as a writable memoryview (one copy less for big arrays)."""
+        if nbytes <= 0:
+            return memoryview(bytearray())
+        a0, a1 = offset // 4 * 4, (offset + nbytes + 3) // 4 * 4
+        size = a1 - a0
+        self._check_range(buffer, a0, size, "read")
+        staging = self._staging_buffer(size)
+        self._end_pass()
+        self._get_encoder().copy_buffer_to_buffer(buffer, a0, staging, 0, size)
+        self.flush()
+        try:
+            staging.map_sync(wgpu.MapMode.READ, 0, size)
+            data = staging.read_mapped(0, size)  # a copy (memoryview of a bytearray)
+            staging.unmap()
+        except WGPU_ERRORS as e:
+            raise GpuError(f"reading buffer '{buffer.label}' back failed: {e}") from None
+        self._raise_if_lost()
+        return data[offset - a0: offset - a0 + nbytes]
+
+    def copy(self, src: wgpu.GPUBuffer, dst: wgpu.GPUBuffer, nbytes: int,
+             src_offset: int = 0, dst_offset: int = 0) -> None:
+        """Buffer-to-buffer copy, recorded in order with launches (offsets and size: multiples of 4)."""
+        if nbytes <= 0:
+            return
+        if src_offset % 4 or dst_offset % 4 or nbytes % 4:
+            raise GpuError(f"copy of {nbytes} bytes at offsets {src_offset}, {dst_offset}: "
+                           f"WebGPU copies need offsets and sizes that are multiples of 4")
+        self._check_range(src, src_offset, nbytes, "copy from")
+        self._check_range(dst, dst_offset, nbytes, "copy to")
+        self._end_pass()
+        self._get_encoder().copy_buffer_to_buffer(src, src_offset, dst, dst_offset, nbytes)
+        self._count_pending("copy")
+
+    def clear(self, buffer: wgpu.GPUBuffer, nbytes: int | None = None, offset: int = 0) -> None:
+        """Zero a range (the whole buffer by default), in order with launches."""
+        size = buffer.size - offset if nbytes is None else nbytes
+        a0, a1 = offset // 4 * 4, (offset + size + 3) // 4 * 4
+        if a0 != offset or a1 != offset + size:  # f16 odd edges: fall back to a write
+            self.write(buffer, bytes(size), offset)
+            return
+        self._check_range(buffer, offset, size, "clear")
+        self._end_pass()
+        self._get_encoder().clear_buffer(buffer, offset, size)
+        self._count_pending("clear")
+
+    def fill(self, buffer: wgpu.GPUBuffer, value, dtype: DType, count: int, offset: int = 0) -> None:
+        """Set `count` scalars of `dtype` starting at byte offset to value."""
+        arr = np.full(count, value, dtype=dtype.np)
+        if not arr.any():
+            self.clear(buffer, count * dtype.nbytes, offset)
+        else:
+            self.write(buffer, arr, offset)
+
+    def _check_range(self, buffer, offset: int, nbytes: int, what: str) -> None:
+        if offset < 0 or offset + nbytes > buffer.size:
+            raise GpuError(f"{what} of {nbytes} bytes at offset {offset} is outside buffer "
+                           f"'{buffer.label}' ({buffer.size} bytes)")
+
+    def _staging_buffer(self, size: int):
+        st = self._staging
+        if st is not None and st.size >= size:
+            return st
+        cap = 1 << max(12, (size - 1).bit_length())
+        usage = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+        try:
+            buf = self.device.create_buffer(label="wgpu_ad.readback", size=max(cap if cap <= _STAGING_KEEP else size, 16), usage=usage)
+        except WGPU_ERRORS as e:
+            raise GpuError(f"could not allocate a {size}-byte read-back buffer: {e}") from None
+        if buf.size <= _STAGING_KEEP:
+            self._staging = buf
+        return buf
+
+    # ---- launches ------------------------------------------------------------------------------
+
+    def launch(self, ck: CompiledKernel, task_index: int, buffers: list, args: bytes, workgroups: int,
+               ret_buffer: wgpu.GPUBuffer | None = None) -> None:
+        """Record one dispatch of ck.tasks[task_index]; buffers align with ck.buffer_sources."""
+        tp = self._pipelines.kernel(ck).tasks[task_index]
+        ret = self.ret_buffer if ret_buffer is None else ret_buffer
+        key = (*map(id, buffers), id(ret))
+        hit = tp.bind_groups.get(key)
+        bg = hit[0] if hit is not None else self._new_bind_group(ck, tp, key, buffers, ret)
+
+        size = tp.args_size
+        if size:
+            if len(args) > size:
+                raise GpuError(f"kernel '{ck.name}': {len(args)} bytes of args for a {size}-byte uniform block")
+            if self._uoff + size > _UNIFORM_CAPACITY:
+                self.flush()
+        if tp.serial:
+            workgroups = 1
+        elif not 0 < workgroups <= self.max_workgroups:
+            if workgroups == 0:
+                return  # an empty range: nothing to run
+            raise GpuError(f"kernel '{ck.name}': {workgroups} workgroups exceed this adapter's "
+                           f"max-compute-workgroups-per-dimension ({self.max_workgroups})")
+        cpass = self._pass
+        if cpass is None:
+            cpass = self._begin_pass()
+        if tp.pipeline is not self._last_pipeline:
+            cpass.set_pipeline(tp.pipeline)
+            self._last_pipeline = tp.pipeline
+        if size:
+            off = self._uoff
+            self._ubytes[off: off + len(args)] = args
+            self._uoff = off + tp.args_step
+            cpass.set_bind_group(0, bg, [off])
+        else:
+            cpass.set_bind_group(0, bg)
+        cpass.dispatch_workgroups(workgroups)
+        self._batch_kernels.append(ck.name)
+        self._pending += 1
+        if self._pending >= self.max_pending or self.debug:
+            self.flush()  # in debug mode each launch is submitted alone, so errors name their kernel
+
+    def _new_bind_group(self, ck, tp, key, buffers, ret):
+        def resolve(kind: str, k: int):
+            if kind == "buffer":
+                try:
+                    return buffers[k]
+                except IndexError:
+                    raise GpuError(f"kernel '{ck.name}': binding wants buffer #{k} but the launch gave "
+                                   f"{len(buffers)} buffers (compiler bug)") from None
+            return {"args": self._ubuf, "error": self.error_buffer, "ret": ret}[kind]
+        return self._pipelines.bind_group(ck.name, tp, key, resolve)
+
+    def next_seed(self) -> int:
+        """A fresh u32 seed for a kernel's RANDOM ops, reproducible from random_seed (splitmix32)."""
+        self._seed_counter += 1
+        z = (self.random_seed * 0x9E3779B9 + self._seed_counter * 0x6D2B79F5) & 0xFFFFFFFF
+        z = ((z ^ (z >> 16)) * 0x85EBCA6B) & 0xFFFFFFFF
+        z = ((z ^ (z >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
+        return z ^ (z >> 16)
+
+    # ---- submission ----------------------------------------------------------------------------
+
+    def _get_encoder(self):
+        if self._encoder is None:
+            self._raise_if_lost()
+            self._encoder = self.device.create_command_encoder(label="wgpu_ad.batch")
+        return self._encoder
+
+    def _begin_pass(self):
+        self._pass = self._get_encoder().begin_compute_pass(label="wgpu_ad.launches")
+        self._last_pipeline = None
+        return self._pass
+
+    def _end_pass(self) -> None:
+        if self._pass is not None:
+            cpass, self._pass = self._pass, None
+            try:
+                cpass.end()
+            except WGPU_ERRORS as e:
+                self._drop_batch()
+                raise self._batch_error(e) from None
+
+    def _count_pending(self, what: str) -> None:
+        self._batch_kernels.append(f"<{what}>")
+        self._pending += 1
+        if self._pending >= self.max_pending:
+            self.flush()
+
+    def flush(self) -> None:
+        """Submit everything recorded so far (without waiting for it)."""
+        if self._encoder is None:
+            return
+        self._end_pass()
+        try:
+            if self._uoff:
+                self.queue.write_buffer(self._ubuf, 0, memoryview(self._ubytes)[: self._uoff])
+            self.queue.submit([self._encoder.finish()])
+        except WGPU_ERRORS as e:
+            err = self._batch_error(e)
+            self._drop_batch()
+            raise err from None
+        self._drop_batch()
+
+    def _drop_batch(self) -> None:
+        self._encoder = self._pass = self._last_pipeline = None
+        self._pending = self._uoff = 0
+        self._batch_kernels = []
+
+    def _batch_error(self, e: Exception) -> GpuError:
+        names = list(dict.fromkeys(n for n in self._batch_kernels if not n.startswith("<")))
+        who = (f"kernel '{names[0]}'" if len(names) == 1 else
+               f"one of the kernels {', '.join(repr(n) for n in names)} (ti.init(debug=True) submits "
+               f"each launch alone and names the one)" if names else "a buffer copy")
+        return GpuError(f"WebGPU rejected work from {who}:\n{e}")
+
+    def sync(self) -> None:
+        """Submit pending work and wait until the GPU has finished it."""
+        # A 4-byte read-back waits for all earlier submits (queue.on_submitted_work_done_sync is
+        # broken in wgpu-py 0.32).
+        self.read(self.ret_buffer, 4)
+
+    def _raise_if_lost(self) -> None:
+        if self.lost is not None:
+            raise GpuError(f"the GPU device was lost ({self.lost}); call ti.reset() or ti.init() to start "
+                           f"over (fields and ndarrays made before are gone)")
+
+    # ---- kernel results and debug checks -------------------------------------------------------
+
+    def read_ret(self, dtype: DType):
+        """The kernel return value most recently written to ret_buffer, as a Python scalar."""
+        return np.frombuffer(self.read(self.ret_buffer, 4), dtype=dtype.np)[0].item()
+
+    def check_errors(self, ck: CompiledKernel) -> None:
+        """Debug mode: raise KernelRuntimeError if a launch of ck recorded a failed assert."""
+        if not ck.asserts:
+            return
+        words = np.frombuffer(self.read(self.error_buffer, ERROR_WORDS * 4), dtype=np.uint32)
+        which = int(words[0])
+        if which == 0:
+            return
+        self.clear(self.error_buffer)
+        if which > len(ck.asserts):
+            raise KernelRuntimeError(f"kernel '{ck.name}': assert #{which - 1} failed (unknown assert: compiler bug)")
+        template, dtypes = ck.asserts[which - 1]
+        values = [words[1 + i: 2 + i].view(to_dtype(dt).np)[0].item() for i, dt in enumerate(dtypes)]
+        raise KernelRuntimeError(f"kernel '{ck.name}': " + template.format(*values))
+
+
+# ---- the process-wide runtime ----------------------------------------------------------------
+
+_runtime: Runtime | None = None
+_generation = 0
+_reset_hooks: list[Callable[[], None]] = []
+
+
+class _LostWatcher(logging.Handler):
+    """wgpu-py only logs device loss; turn it into a flag the runtime raises on."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+        except Exception:
+            return
+        if "device was lost" in msg and _runtime is not None and "Destroyed" not in msg:
+            _runtime.lost = msg.strip().splitlines()[0]
+
+
+_watcher = _LostWatcher(level=logging.ERROR)
+logging.getLogger("wgpu").addHandler(_watcher)
+
+
+def generation() -> int:
+    """Bumped by every reset(); data made in an older generation is invalid."""
+    return _generation
+
+
+def on_reset(hook: Callable[[], None]) -> None:
+    """Call hook() on every reset() (the data layer drops its buffers there)."""
+    if hook not in _reset_hooks:
+        _reset_hooks.append(hook)
+
+
+def init(arch=None, debug: bool = False, force_emulated_atomics: bool = False, default_fp=None,
+         random_seed: int = 0, **ignored_taichi_kwargs) -> Runtime:
+    """Start (or restart, dropping all fields) the runtime. Taichi-only options are accepted and ignored."""
+    global _runtime
+    if _runtime is not None:
+        reset()
+    _runtime = Runtime(arch=arch, debug=debug, force_emulated_atomics=force_emulated_atomics,
+                       default_fp=default_fp, random_seed=random_seed)
+    return _runtime
+
+
+def reset() -> None:
+    """Drop the device and every field / ndarray buffer; the next use starts a fresh runtime."""
+    global _runtime, _generation
+    _generation += 1
+    _runtime = None
+    for hook in list(_reset_hooks):
+        hook()
+
+
+def get_runtime() -> Runtime:
+    """The current runtime, created with defaults if init() was never called."""
+    rt = _runtime
+    if rt is None:
+        rt = init()
+    return rt
+
+
+def sync() -> None:
+    if _runtime is not None:
+        _runtime.sync()
