@@ -148,3 +148,36 @@ def test_debug_mode_out_of_range_index_names_field_and_index():
     msg = str(e.value)
     assert msg.startswith("kernel 'k': index (8) is out of range for field 'a' of shape (8,) in k at ")
     assert "test_errors.py:" in msg
+
+
+def test_kernel_scope_variable_read_after_a_loop_writes_its_field():
+    a = ti.field(ti.f32, shape=4)
+    b = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def k():
+        s = a[0]
+        for i in a:
+            a[i] = 5.0
+        for i in b:
+            b[i] = s
+
+    msg = _compile_error(k)
+    assert msg.splitlines()[0].startswith(
+        "this kernel-scope variable reads field 'a', which a later loop of the kernel writes before the variable is used again")
+    assert msg.splitlines()[-2].strip() == "s = a[0]"
+
+
+def test_kernel_scope_variable_read_before_any_write_is_fine():
+    a = ti.field(ti.f32, shape=4)
+    b = ti.field(ti.f32, shape=4)
+    a.fill(2.0)
+
+    @ti.kernel
+    def k():
+        s = a[0] * 3
+        for i in b:
+            b[i] = s + i
+
+    k()
+    assert b.to_numpy().tolist() == [6.0, 7.0, 8.0, 9.0]

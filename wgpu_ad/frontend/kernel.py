@@ -179,7 +179,7 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool)
         env.update(extra)
         return env
 
-    prelude: list[tuple[ast.stmt, dict]] = []
+    prelude: list[tuple[ast.stmt, dict, int]] = []  # (statement, static env, tasks before it)
     serial: list[tuple[ast.stmt, dict]] = []
     tasks: list[Task] = []
 
@@ -196,8 +196,8 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool)
         with k.builder.at(task.body):
             fl = new_lowerer(task_env({}))
             n_pre = len(prelude) - sum(1 for st, _ in serial if _is_pure(fl.globals, st))
-            for st, env in prelude[:max(n_pre, 0)]:
-                _with_env(fl, env, lambda: fl.visit(st))
+            for entry in prelude[:max(n_pre, 0)]:
+                _replay(fl, entry, tasks)
             for st, env in serial:
                 _with_env(fl, env, lambda: fl.lower_body([st]))
         tasks.append(task)
@@ -240,10 +240,10 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool)
                     flush_serial()
                     continue
                 flush_serial()
-                tasks.append(_range_task(k, new_lowerer, task_env, prelude, st, env, cfg, len(tasks)))
+                tasks.append(_range_task(k, new_lowerer, task_env, prelude, tasks, st, env, cfg))
                 continue
             if _is_pure(probe.globals, st):
-                prelude.append((st, env))
+                prelude.append((st, env, len(tasks)))
             serial.append((st, env))
         return
 
@@ -267,13 +267,43 @@ def _with_env(fl: FuncLowerer, env: dict, f):
     return f()
 
 
-def _range_task(k: KernelContext, new_lowerer, task_env, prelude, st: ast.For, env: dict, cfg: dict, n: int) -> Task:
+def _written(task: Task) -> set:
+    out = set()
+    for blk in (task.bounds, task.body):
+        for s in walk(blk):
+            if s.op is Op.GLOBAL_STORE:
+                out.add(s.attr)
+            elif s.op is Op.ATOMIC:
+                out.add(s.attr[1])
+    return out
+
+
+def _replay(fl: FuncLowerer, entry, tasks: list[Task]) -> None:
+    """Recompute a kernel-scope variable definition in a later task; refuse when a task in
+    between wrote a field it reads (the recomputed value would differ from Python's order)."""
+    st, env, before = entry
+    block = fl.b.block
+    start = len(block.stmts)
+    _with_env(fl, env, lambda: fl.visit(st))
+    reads = {s.attr for s in walk(Block(block.stmts[start:])) if s.op is Op.GLOBAL_LOAD}
+    for t in tasks[before:]:
+        clash = reads & _written(t)
+        if clash:
+            names = ", ".join(sorted(f"'{b.name}'" for b in clash))
+            raise fl.error(st, f"this kernel-scope variable reads field {names}, which a later loop of the kernel "
+                               f"writes before the variable is used again; wgpu_ad recomputes kernel-scope variables "
+                               f"in every GPU pass, so the value would change. Read the field inside the loop that "
+                               f"uses it, or split the kernel in two")
+
+
+def _range_task(k: KernelContext, new_lowerer, task_env, prelude, tasks, st: ast.For, env: dict, cfg: dict) -> Task:
+    n = len(tasks)
     task = Task("range", Block(), Block(), block_dim=cfg.get("block_dim"), name=f"{k.name}_t{n}")
     o = k.ops
     with k.builder.at(task.bounds):
         fl = new_lowerer(task_env(env))
-        for pst, penv in prelude:
-            _with_env(fl, penv, lambda: fl.visit(pst))
+        for entry in prelude:
+            _replay(fl, entry, tasks)
         fl.scopes[0].update(env)
         k.builder.loc = fl.pf.loc(st)
         spec = analyze_iter(fl, st)
