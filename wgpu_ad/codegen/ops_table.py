@@ -143,8 +143,9 @@ ALU: dict[Op, Spelling | Callable[[Stmt, list[str]], str]] = {
     Op.SIN: floats("sin({0})"),
     Op.COS: floats("cos({0})"),
     Op.TAN: floats("tan({0})"),
-    Op.ASIN: floats("asin({0})"),
-    Op.ACOS: floats("acos({0})"),
+    # atan2 forms: lavapipe's asin/acos lose ~4e-4 near +-1; these stay within float32 rounding
+    Op.ASIN: floats("atan2({0}, sqrt((1.0 - {0}) * (1.0 + {0})))"),
+    Op.ACOS: floats("atan2(sqrt((1.0 - {0}) * (1.0 + {0})), {0})"),
     Op.ATAN: floats("atan({0})"),
     Op.TANH: floats("tanh({0})"),
     Op.EXP: floats("exp({0})"),

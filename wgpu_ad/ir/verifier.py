@@ -55,11 +55,13 @@ def verify(kernel: Kernel) -> None:
                     fail(s, f"stores {s.args[1].dtype} into {buf!r} of {buf.dtype}")
             if op is Op.ARG and id(s.attr) not in args:
                 fail(s, f"argument {s.attr!r} is not declared in kernel.args")
-            if op in (Op.BREAK, Op.CONTINUE) and not loops:
-                fail(s, f"{op.name.lower()} outside a serial loop")
+            if op is Op.BREAK and not loops:
+                fail(s, "break outside a serial loop")
+            if op is Op.CONTINUE and not loops and task.kind != "range":
+                fail(s, "continue outside a loop")
             if op is Op.LOOP_INDEX and not (s.attr is task or s.attr in loops):
                 fail(s, "loop index outside its loop")
-            if op in GroupOp.FloatOnly and s.args[0].dtype.is_int:
+            if op in GroupOp.FloatOnly and op is not Op.POW and s.args[0].dtype.is_int:
                 fail(s, f"{op.name} needs float operands")
             for b in s.blocks:
                 inner = loops + [s] if op in (Op.RANGE_FOR, Op.WHILE) else loops
