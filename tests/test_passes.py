@@ -358,6 +358,21 @@ def test_cse_loads_in_a_loop_that_stores_are_not_merged_with_loads_before_it():
     assert out_data[1] == 5 + 8 and a_data[1] == 4
 
 
+def test_cse_range_task_body_is_a_loop_for_loads_in_the_bounds():
+    # bounds: end = a[0]; body (each thread in turn): v = a[0]; a[0] = v + 1; out[i] = v
+    a, out = buf("a", i32), buf("out", i32)
+    t = Task("range", Block(), name="par")
+    k = Kernel("k", [t], [], [a, out])
+    b = Builder(t.bounds)
+    t.begin, t.end = b.const(0, i32), load(b, a, b.const(0, i32))
+    b.block = t.body
+    v = load(b, a, b.const(0, i32))              # later threads see earlier threads' stores
+    store(b, a, b.const(0, i32), b.add(v, b.const(1, i32)))
+    store(b, out, b.loop_index(t), v)
+    k = check_pass(k, cse, [([np.array([3], np.int32), np.zeros(4, np.int32)], [])])
+    assert v in t.body.stmts
+
+
 def test_cse_atomic_kills_loads():
     a, out = buf("a", i32), buf("out", i32)
     k, b = serial_kernel(a, out)
