@@ -49,6 +49,12 @@ def test_every_alu_op_has_semantics():
     assert not missing, f"ops without reference semantics in ir/semantics.py: {missing}"
 
 
+def test_every_op_runs_in_the_interpreter():
+    from wgpu_ad.ir.interpreter import _HANDLERS
+    missing = sorted(op.name for op in Op if op not in GroupOp.ALU and op not in _HANDLERS)
+    assert not missing, f"ops the interpreter cannot run (add to _HANDLERS in ir/interpreter.py): {missing}"
+
+
 def test_unknown_op_is_named():
     with pytest.raises(KeyError, match="GLOBAL_LOAD"):
         evaluate(Op.GLOBAL_LOAD, f32, f(1))
@@ -590,3 +596,22 @@ def test_bounds_read_a_buffer_and_nested_range_for():
     res = np.zeros(8, np.int32)
     run_kernel(k, [np.array([6], np.int32), res], [])
     np.testing.assert_array_equal(res, [0, 0, 1, 3, 6, 10, 0, 0])
+
+
+@pytest.mark.skipif(not hasattr(Op, "STACK_PUSH"), reason="the IR has no autodiff stacks yet")
+def test_stacks_are_last_in_first_out_and_bounded():
+    out = Buffer("out", f32, None)
+    k, b = serial_kernel(out)
+    st = b.emit(Op.STACK_ALLOC, (), f32, 3)
+    for v in (1.5, 2.5, 3.5):
+        b.emit(Op.STACK_PUSH, [st, b.const(v, f32)])
+    for j in range(3):
+        store(b, out, b.const(j, i32), b.emit(Op.STACK_POP, [st], f32))
+    res = np.zeros(3, np.float32)
+    run_kernel(k, [res], [])
+    np.testing.assert_array_equal(res, [3.5, 2.5, 1.5])
+    b.emit(Op.STACK_PUSH, [st, b.const(1.0, f32)])
+    for _ in range(3):
+        b.emit(Op.STACK_PUSH, [st, b.const(1.0, f32)])
+    with pytest.raises(KernelRuntimeError, match="stack overflow"):
+        run_kernel(k, [res], [])

@@ -7,7 +7,7 @@ from .errors import (CompileError, GpuError, KernelArgError, KernelRuntimeError,
 from .frontend.builtins import (abs, acos, asin, atan, atan2, atomic_add, atomic_and, atomic_max,
                                 atomic_min, atomic_or, atomic_sub, atomic_xor, cast, ceil, cos,
                                 exp, floor, log, max, min, pow, random, round, rsqrt, select, sin,
-                                sqrt, tan, tanh)
+                                sqrt, stop_grad, tan, tanh)
 from .frontend.loops import grouped, ndrange
 from .frontend.methods import loop_config, static
 from .lang import mathlib as math
@@ -28,8 +28,11 @@ def init(arch=None, debug: bool = False, **kwargs):
     clear_kernel_caches()
     print_ir = kwargs.pop("print_ir", False)
     print_wgsl = kwargs.pop("print_wgsl", False)
+    ad_stack_size = kwargs.pop("ad_stack_size", None)
+    if ad_stack_size is not None and not (isinstance(ad_stack_size, int) and ad_stack_size >= 1):
+        raise WgpuAdError(f"ti.init(ad_stack_size={ad_stack_size!r}): expected a positive integer")
     rt = runtime.init(arch=arch, debug=debug, **kwargs)
-    rt.print_ir, rt.print_wgsl = print_ir, print_wgsl
+    rt.print_ir, rt.print_wgsl, rt.ad_stack_size = print_ir, print_wgsl, ad_stack_size
     return rt
 
 

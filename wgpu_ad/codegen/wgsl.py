@@ -92,6 +92,7 @@ class TaskEmitter:
         self.used_ids: set[int] = set()
         self.uses: dict[int, BufferUse] = {}
         self.uses_args = self.uses_random = self.has_return = self.has_assert = self.uses_f16 = False
+        self.stacks: list[Stmt] = []   # autodiff stacks, declared once at the top of main
         self._scan()
         self.mod_names = Namer(_fixed_names())
         self.buf_name = {id(b): self.mod_names.fresh(b.name, "buf")
@@ -123,8 +124,10 @@ class TaskEmitter:
                 self.uses_random = self.uses_args = True
             elif s.op is Op.RETURN:
                 self.has_return = True
-            elif s.op is Op.ASSERT and self.opts.debug:
-                self.has_assert = True
+            elif s.op is Op.ASSERT and self.opts.debug or s.op is Op.STACK_PUSH:
+                self.has_assert = True  # stack overflow reports through the error buffer too
+            elif s.op is Op.STACK_ALLOC:
+                self.stacks.append(s)
             elif s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC):
                 buf = s.attr[1] if s.op is Op.ATOMIC else s.attr
                 use = self.uses.setdefault(id(buf), BufferUse())
@@ -266,8 +269,31 @@ class TaskEmitter:
         elif op is Op.ASSERT:
             if self.opts.debug:
                 self.assert_(s, d)
+        elif op is Op.STACK_ALLOC:
+            self.line(d, f"{self.value[id(s)]}_top = 0i;")
+        elif op is Op.STACK_PUSH:
+            stk = self.value[id(s.args[0])]
+            cap = s.args[0].attr
+            self.line(d, f"if {stk}_top >= {cap}i {{")
+            self.line(d + 1, f"report_error({self.assert_codes[id(s)]}u);")
+            self.line(d + 1, "return;  // this thread stops; the launcher raises the error")
+            self.line(d, "}")
+            self.line(d, f"{stk}[{stk}_top] = {self.ref(s.args[1])};")
+            self.line(d, f"{stk}_top += 1i;")
+        elif op is Op.STACK_POP:
+            stk = self.value[id(s.args[0])]
+            self.line(d, f"{stk}_top -= 1i;")
+            self.let(s, f"{stk}[{stk}_top]", d)
         else:
             _fail(s, f"no WGSL for op {op.name}")
+
+    def declare_stacks(self) -> None:
+        """Autodiff stacks live for the whole invocation (not re-zeroed per iteration)."""
+        for stk in self.stacks:
+            name = self.names.fresh(stk.name or "stack")
+            self.value[id(stk)] = name
+            self.line(1, f"var {name}: array<{stk.dtype.wgsl}, {stk.attr}>;")
+            self.line(1, f"var {name}_top: i32 = 0i;")
 
     def range_for(self, s: Stmt, d: int) -> None:
         hint = s.name or next((x.name for x in walk(s.blocks[0])
@@ -336,6 +362,7 @@ class TaskEmitter:
             self.line(0, "fn main() {")
             if self.uses_random:
                 self.line(1, f"rng_seed({self.seed_expr()}, 0u, {2 * self.task_index + 1}u);")
+            self.declare_stacks()
             self.line(1, "// forward")
             self.block(t.body, 1)
             self.line(0, "}")
@@ -357,6 +384,7 @@ class TaskEmitter:
         self.line(1, f"let range_end = {convert(self.ref(t.end), t.end.dtype, i32)};")
         # count and offsets in u32: a range up to 2^32 - 1 long never overflows the loop variable
         self.line(1, "let range_count = select(0u, u32(range_end - range_begin), range_end > range_begin);")
+        self.declare_stacks()
         self.line(1, "// forward")
         self.line(1, "for (var iter = thread_id; iter < range_count; iter += min(num_threads, range_count - iter)) {")
         hint = next((x.name for x in walk(t.body) if x.op is Op.LOOP_INDEX and x.attr is t and x.name), None)
@@ -459,13 +487,21 @@ def arg_words(kernel: Kernel) -> int:
     return max([len(kernel.args)] + [a.index + 1 for a in kernel.args])
 
 
-def _assert_codes(kernel: Kernel) -> tuple[dict[int, int], list[tuple[str, list]]]:
+def _assert_codes(kernel: Kernel, debug: bool) -> tuple[dict[int, int], list[tuple[str, list]]]:
+    """Error codes: ASSERTs (debug mode only) and autodiff stack overflows (always)."""
     codes, table = {}, []
     for t in kernel.tasks:
         for s in walk_task(t):
-            if s.op is Op.ASSERT:
+            if s.op is Op.ASSERT and debug:
                 table.append((s.attr, [_word_dtype(v.dtype) if v.dtype == f16 else v.dtype for v in s.args[1:]]))
                 codes[id(s)] = len(table)   # 1 + position; 0 means "no error"
+            elif s.op is Op.STACK_PUSH:
+                cap = s.args[0].attr
+                where = f" at {s.loc.file}:{s.loc.line}" if s.loc else ""
+                table.append((f"the serial loop{where} ran more than {cap} iterations in one thread, more than "
+                              f"its autodiff stack holds; raise the limit with ti.init(ad_stack_size=...) "
+                              f"(it is {cap})", []))
+                codes[id(s)] = len(table)
     return codes, table
 
 
@@ -478,7 +514,7 @@ def generate(kernel: Kernel, *, float_atomics: bool, debug: bool,
     debug: keep ASSERTs (they report through the error buffer); without it they are dropped.
     """
     opts = Options(float_atomics, debug, workgroup_size)
-    codes, table = _assert_codes(kernel) if debug else ({}, [])
+    codes, table = _assert_codes(kernel, debug)
     tasks = []
     for k, task in enumerate(kernel.tasks):
         em = TaskEmitter(kernel, task, k, opts, codes)

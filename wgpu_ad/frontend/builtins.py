@@ -111,6 +111,18 @@ def _random(o: Ops, dtype=None):
 random = Builtin("random", lambda dtype=None: float(np.random.random()), _random)
 
 
+def _stop_grad(o: Ops, x):
+    """Identity whose derivative is zero: a bitcast to the same type (BITCAST is not differentiable)."""
+    if isinstance(x, Mat):
+        return Mat([_stop_grad(o, e) for e in x.entries], x.shape)
+    if is_static(x):
+        return x
+    return o.b.emit(Op.BITCAST, [x], x.dtype)
+
+
+stop_grad = Builtin("stop_grad", lambda x: x, _stop_grad)
+
+
 def _clamp(o: Ops, x, lo, hi):
     return o.binary(Op.MIN, o.binary(Op.MAX, x, lo), hi)
 

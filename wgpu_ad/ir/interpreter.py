@@ -291,6 +291,36 @@ class _TaskCompiler:
             v[o] = old
         return run
 
+    # autodiff's thread-local stacks: a Python list per execution of STACK_ALLOC
+    def stack_alloc(self, s: Stmt):
+        v, o = self.v, self.define(s)
+
+        def run():
+            v[o] = []
+        return run
+
+    def stack_push(self, s: Stmt):
+        v, st, x = self.v, self.use(s.args[0], s), self.use(s.args[1], s)
+        cap = s.args[0].attr
+
+        def run():
+            stack = v[st]
+            if cap is not None and len(stack) >= cap:
+                raise KernelRuntimeError(f"stack overflow: {s.args[0]!r} holds at most {cap} values; "
+                                         f"raise the autodiff stack capacity")
+            stack.append(v[x])
+        return run
+
+    def stack_pop(self, s: Stmt):
+        v, st, o = self.v, self.use(s.args[0], s), self.define(s)
+
+        def run():
+            stack = v[st]
+            if not stack:
+                raise KernelRuntimeError(f"interpreter: pop from the empty stack {s.args[0]!r}")
+            v[o] = stack.pop()
+        return run
+
     def if_(self, s: Stmt):
         v, c = self.v, self.use(s.args[0], s)
         then, other = self.block(s.blocks[0]), self.block(s.blocks[1]) if len(s.blocks) > 1 else ()
@@ -370,3 +400,8 @@ _HANDLERS: dict[Op, Callable] = {
     Op.CONTINUE: _TaskCompiler.continue_, Op.RETURN: _TaskCompiler.return_,
     Op.ASSERT: _TaskCompiler.assert_,
 }
+# ops added to the IR after this table (autodiff stacks) are handled when ops.py defines them
+for _name, _fn in (("STACK_ALLOC", _TaskCompiler.stack_alloc), ("STACK_PUSH", _TaskCompiler.stack_push),
+                   ("STACK_POP", _TaskCompiler.stack_pop)):
+    if hasattr(Op, _name):
+        _HANDLERS[Op[_name]] = _fn

@@ -27,6 +27,7 @@ class Stmt:
     name: str | None = None          # the user's variable name, for readable IR and WGSL
     loc: SourceLoc | None = None     # where in the user's source it came from
     id: int = field(default_factory=lambda: next(_ids))
+    index: tuple | None = None       # global accesses: the multi-index (Stmts / ints), for analyses
 
     def __repr__(self) -> str:
         return f"%{self.id}<{self.op.name}>"

@@ -45,6 +45,9 @@ class Op(Enum):
     GLOBAL_LOAD = auto()  # attr: Buffer; args: linear element index (i32)
     GLOBAL_STORE = auto() # attr: Buffer; args: index, value
     ATOMIC = auto()       # attr: (AtomicKind, Buffer); args: index, value; result: the old value
+    STACK_ALLOC = auto()  # a thread-local stack of stmt.dtype; attr: capacity (int); autodiff only
+    STACK_PUSH = auto()   # args: stack, value; overflow is reported through the error buffer
+    STACK_POP = auto()    # args: stack; result: the popped value
 
     # control flow (nested blocks)
     IF = auto()           # args: cond; blocks: then, else
@@ -77,11 +80,12 @@ class GroupOp:
                            Op.ATAN2})
     IntOnly = frozenset({Op.BIT_NOT, Op.BIT_AND, Op.BIT_OR, Op.BIT_XOR, Op.SHL, Op.SHR})
     Memory = frozenset({Op.ALLOCA, Op.LOCAL_LOAD, Op.LOCAL_STORE, Op.GLOBAL_LOAD, Op.GLOBAL_STORE,
-                        Op.ATOMIC})
+                        Op.ATOMIC, Op.STACK_ALLOC, Op.STACK_PUSH, Op.STACK_POP})
     Control = frozenset({Op.IF, Op.RANGE_FOR, Op.WHILE, Op.BREAK, Op.CONTINUE, Op.RETURN,
                          Op.ASSERT})
     # ops with effects: never CSE'd, never removed as dead code
-    SideEffect = frozenset({Op.LOCAL_STORE, Op.GLOBAL_STORE, Op.ATOMIC, Op.RANDOM}) | Control
+    SideEffect = frozenset({Op.LOCAL_STORE, Op.GLOBAL_STORE, Op.ATOMIC, Op.RANDOM, Op.STACK_ALLOC,
+                            Op.STACK_PUSH, Op.STACK_POP}) | Control
     # gradient stops here (integer- or boolean-valued, or piecewise constant)
     NotDifferentiable = frozenset({Op.SIGN, Op.FLOOR, Op.CEIL, Op.ROUND, Op.NOT, Op.BIT_NOT,
                                    Op.BITCAST, Op.FLOORDIV, Op.BIT_AND, Op.BIT_OR, Op.BIT_XOR,

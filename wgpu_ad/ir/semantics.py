@@ -118,10 +118,9 @@ def _cast(dt: DType, x):
     if isinstance(x, _F):
         if math.isnan(x):
             return dt.np.type(0)
-        if math.isinf(x):
-            lo, hi = _SAT[dt.name]
-            return dt.np.type(hi if x > 0 else lo)
         lo, hi = _SAT[dt.name]
+        if math.isinf(x):
+            return dt.np.type(hi if x > 0 else lo)
         return dt.np.type(min(max(math.trunc(float(x)), lo), hi))
     return wrap(dt, int(x))  # i32 <-> u32 keeps the bits
 

@@ -118,11 +118,11 @@ def const_key(s: Stmt) -> object:
 def buffer_alias_key(buf: Buffer) -> object:
     """Buffers with equal keys may share storage.
 
-    Assumption: distinct field objects never share storage; a field and its gradient are treated
-    as one (conservative); ndarray arguments ("arg", i) may alias each other (the same array can
-    be passed twice)."""
+    Fields own one buffer each (gradients are fields of their own), so distinct field objects
+    never alias. Buffers bound from kernel arguments (sources ("arg", name), ("arg_grad", name))
+    may all alias each other: the same array can be passed for two arguments."""
     src = buf.source
-    if isinstance(src, tuple) and len(src) == 2 and src[0] == "arg":
+    if isinstance(src, tuple) and src and isinstance(src[0], str) and src[0].startswith("arg"):
         return "arg"
     if src is None:
         return ("buf", id(buf))

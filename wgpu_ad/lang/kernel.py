@@ -12,8 +12,18 @@ import numpy as np
 
 from ..errors import CompileError, KernelArgError, WgpuAdError, debug_enabled
 from ..types import DType, MatrixType, VectorType, to_dtype
+from .launch import launch
 
 _compile_epoch = [0]  # bumped by ti.reset(): compiled kernels belong to one device
+_ad_state = None      # wgpu_ad.ad.state, imported on first launch (the tape records launches)
+
+
+def _ad():
+    global _ad_state
+    if _ad_state is None:
+        from ..ad import state
+        _ad_state = state
+    return _ad_state
 
 
 class Template:
@@ -112,6 +122,8 @@ class Kernel:
             ret = eval(ret, fn.__globals__)
         self.ret_dtype = None if ret in (inspect.Signature.empty, None) else to_dtype(ret)
         self._cache: dict = {}
+        self._grad_cache: dict = {}
+        self._no_grad = False
 
     # ---- argument handling ------------------------------------------------------------
     def _specs(self, args: tuple):
@@ -193,8 +205,77 @@ class Kernel:
         if kwargs:
             args = self._bind_kwargs(args, kwargs)
         c, specs, rt = self._get(args)
-        from .launch import launch
+        ad = _ad_state or _ad()
+        if ad.current_tape is not None:
+            ad.current_tape.record(self, args)
         return launch(self, c, specs, args, rt)
+
+    # ---- reverse mode ---------------------------------------------------------------------
+    @property
+    def grad(self) -> "_GradLauncher":
+        """kernel.grad(*args): run the adjoint of this kernel for these arguments."""
+        return _GradLauncher(self)
+
+    def _grad_source(self, specs):
+        by_name = {s.name: s for s in specs}
+
+        def source(buf):
+            src = buf.source
+            if isinstance(src, tuple):
+                spec = by_name.get(src[1])
+                return ("arg_grad", src[1]) if src[0] == "arg" and spec is not None and spec.needs_grad else None
+            return src.grad if getattr(src, "needs_grad", False) else None
+        return source
+
+    def _get_grad(self, args):
+        c, specs, rt = self._get(args)
+        from ..passes.autodiff import DEFAULT_STACK_SIZE
+        stack = getattr(rt, "ad_stack_size", None) or DEFAULT_STACK_SIZE
+        have = tuple(bool(getattr(s, "needs_grad", False)) for s in c.ck.buffer_sources if not isinstance(s, tuple))
+        key = (self._specs(args)[1], _compile_epoch[0], have, stack)
+        g = self._grad_cache.get(key)
+        if g is None:
+            g = self._grad_cache[key] = self._compile_grad(c, specs, rt, stack)
+        return g, specs, rt
+
+    def _compile_grad(self, c, specs, rt, stack):
+        from ..codegen.wgsl import generate
+        from ..passes.autodiff import reverse_kernel
+        from ..passes.pipeline import optimize
+        from .launch import make_bounds, make_packer, make_resolvers
+        try:
+            rev = reverse_kernel(c.ir, self._grad_source(specs), stack)
+            print_ir = os.environ.get("WGPU_AD_PRINT_IR", "") not in ("", "0") or getattr(rt, "print_ir", False)
+            rev = optimize(rev, print_ir=print_ir, verify=rt.debug or debug_enabled())
+            ck = generate(rev, float_atomics=rt.has_float_atomics, debug=rt.debug)
+        except CompileError as e:
+            if debug_enabled():
+                raise
+            raise e.with_traceback(None) from None
+        if getattr(rt, "print_wgsl", False) or os.environ.get("WGPU_AD_PRINT_WGSL", "") not in ("", "0"):
+            for t in ck.tasks:
+                print(t.wgsl)
+        return _Compiled(ck, rev, make_packer(rev, specs), [make_bounds(t) for t in rev.tasks],
+                         make_resolvers(ck, specs), bool(ck.asserts))
+
+    def accessed(self, *args) -> tuple[list, list]:
+        """(storages read, storages written) by this kernel for these arguments (primal ones)."""
+        from ..ir.nodes import walk
+        from ..ir.ops import Op
+        c, specs, _ = self._get(args)
+        names = [s.name for s in specs]
+        reads, writes = {}, {}
+        for t in c.ir.tasks:
+            for blk in (t.bounds, t.body):
+                for s in walk(blk):
+                    if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC):
+                        buf = s.attr[1] if s.op is Op.ATOMIC else s.attr
+                        src = buf.source
+                        obj = args[names.index(src[1])] if isinstance(src, tuple) else src
+                        if isinstance(src, tuple) and src[0] == "arg_grad":
+                            obj = obj.grad
+                        (reads if s.op is Op.GLOBAL_LOAD else writes)[id(obj)] = obj
+        return list(reads.values()), list(writes.values())
 
     def _bind_kwargs(self, args, kwargs):
         try:
@@ -209,16 +290,33 @@ class Kernel:
         from ..ir.printer import format_kernel
         return format_kernel(self._get(args)[0].ir)
 
-    def get_wgsl(self, *args) -> str:
-        """The generated WGSL of every task of the kernel for these arguments."""
-        c = self._get(args)[0]
+    def get_wgsl(self, *args, grad: bool = False) -> str:
+        """The generated WGSL of every task of the kernel (or of its adjoint) for these arguments."""
+        c = (self._get_grad(args) if grad else self._get(args))[0]
         return "\n".join(t.wgsl for t in c.ck.tasks)
+
+    def get_grad_ir(self, *args) -> str:
+        """The optimised IR of the kernel's adjoint for these arguments."""
+        from ..ir.printer import format_kernel
+        return format_kernel(self._get_grad(args)[0].ir)
 
     def print_ir(self, *args) -> None:
         print(self.get_ir(*args))
 
     def print_wgsl(self, *args) -> None:
         print(self.get_wgsl(*args))
+
+
+class _GradLauncher:
+    def __init__(self, k: Kernel):
+        self.k = k
+
+    def __call__(self, *args, **kwargs):
+        k = self.k
+        if kwargs:
+            args = k._bind_kwargs(args, kwargs)
+        g, specs, rt = k._get_grad(args)
+        return launch(k, g, specs, args, rt)
 
 
 def kernel(fn: Callable) -> Kernel:

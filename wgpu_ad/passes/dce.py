@@ -32,7 +32,9 @@ def _drop_unreachable(block: Block) -> None:
 
 def _sweep_kernel(kernel: Kernel) -> bool:
     counts = use_counts(kernel)
-    loaded = {s.args[0] for s in walk_kernel(kernel) if s.op is Op.LOCAL_LOAD}
+    # a variable is read by any use other than as the target of a LOCAL_STORE
+    loaded = {a for s in walk_kernel(kernel) for k, a in enumerate(s.args)
+              if a.op is Op.ALLOCA and not (k == 0 and s.op is Op.LOCAL_STORE)}
     changed = False
     for task in kernel.tasks:
         # the body comes after the bounds in program order: sweep it first

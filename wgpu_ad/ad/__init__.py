@@ -1,0 +1,1 @@
+"""ti.ad: reverse-mode autodiff API."""

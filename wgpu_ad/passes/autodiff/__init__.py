@@ -1,0 +1,46 @@
+"""Automatic differentiation on the IR: reverse mode (reverse.py) with its rules (rules.py),
+the control-flow normalisation it needs (normalize.py) and the checks that refuse what it
+cannot differentiate correctly (checks.py)."""
+from __future__ import annotations
+
+from typing import Callable
+
+from ...ir.nodes import Buffer, Kernel
+from .checks import check_differentiable
+from .clone import clone_kernel
+from .normalize import normalize_task
+from .reverse import AdjointEmitter
+
+DEFAULT_STACK_SIZE = 1024
+
+
+def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
+                   stack_size: int = DEFAULT_STACK_SIZE) -> Kernel:
+    """The adjoint kernel of `kernel` (its tasks reversed, each replaced by its adjoint).
+
+    grad_source(buffer) gives the gradient storage of a primal buffer, or None when it has none.
+    """
+    k = clone_kernel(kernel)
+    check_differentiable(k)
+    grads: dict[int, Buffer] = {}
+    buffers = list(k.buffers)
+    by_source = {id(b.source): b for b in buffers if not isinstance(b.source, tuple)}
+    for b in k.buffers:
+        if b.grad or not b.dtype.is_float:
+            continue
+        src = grad_source(b)
+        if src is None:
+            continue
+        g = by_source.get(id(src)) if not isinstance(src, tuple) else next(
+            (x for x in buffers if x.source == src), None)
+        if g is None:
+            g = Buffer(b.name + ".grad", b.dtype, src, grad=True)
+            buffers.append(g)
+        grads[id(b)] = g
+    for t in k.tasks:
+        normalize_task(t)
+    tasks = [AdjointEmitter(k, grads, stack_size).task(t) for t in reversed(k.tasks)]
+    return Kernel(k.name + "_grad", tasks, list(k.args), buffers, None, False, k.debug, k.loc)
+
+
+__all__ = ["reverse_kernel", "DEFAULT_STACK_SIZE", "clone_kernel"]

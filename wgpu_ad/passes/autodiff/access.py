@@ -1,0 +1,157 @@
+"""Global data access rules for reverse mode, checked on one kernel.
+
+The adjoint replays the forward computation against the field values as they are after the
+forward kernel ran. That is right only if nothing the kernel reads is overwritten later in the
+same kernel, and nothing it stores is stored again (the adjoint of the first store would read the
+gradient of the second). These are Taichi's global data access rules; Taichi trusts the user and
+gives silently wrong gradients when they are broken (seeds 001 and 004). Here a pair of accesses
+to one field is accepted only when it is provably safe; everything else is refused, naming the
+field, both lines and what to do.
+
+Provably safe, per dimension of the field's multi-index (indices are affine in kernel arguments,
+loop indices and other values):
+  - the two indices differ by a nonzero constant and do not vary between threads or iterations
+    (x[t + 1, i] vs x[t, i] with t a kernel argument): different elements;
+  - they differ by a constant along one serial loop index such that every element is stored in an
+    earlier iteration than it is read (x[t + 1] = f(x[t]) inside `for t in range(T)`);
+  - the same element, stored before it is read (same thread and iteration).
+"""
+from __future__ import annotations
+
+from ...errors import CompileError
+from ...ir.nodes import Kernel, Stmt, Task, walk
+from ...ir.ops import AtomicKind, Op
+
+Affine = dict  # key -> coefficient; key None is the constant term
+
+
+def affine(v) -> Affine:
+    if isinstance(v, bool):
+        return {None: int(v)}
+    if isinstance(v, int):
+        return {None: v}
+    if not isinstance(v, Stmt):
+        return {("opaque", id(v)): 1}
+    op = v.op
+    if op is Op.CONST and not v.dtype.is_float:
+        return {None: int(v.attr)}
+    if op is Op.ARG:
+        return {("arg", v.attr.name): 1}
+    if op is Op.LOOP_INDEX:
+        kind = "ploop" if isinstance(v.attr, Task) else "sloop"
+        return {(kind, id(v.attr)): 1}
+    if op in (Op.ADD, Op.SUB):
+        a, b = affine(v.args[0]), affine(v.args[1])
+        return _combine(a, b, 1 if op is Op.ADD else -1)
+    if op is Op.NEG:
+        return {k: -c for k, c in affine(v.args[0]).items()}
+    if op is Op.MUL:
+        a, b = affine(v.args[0]), affine(v.args[1])
+        if set(a) == {None}:
+            return {k: c * a[None] for k, c in b.items()}
+        if set(b) == {None}:
+            return {k: c * b[None] for k, c in a.items()}
+    if op is Op.CAST and not v.dtype.is_float and not v.args[0].dtype.is_float:
+        return affine(v.args[0])
+    return {("value", id(v)): 1}
+
+
+def _combine(a: Affine, b: Affine, sign: int) -> Affine:
+    out = dict(a)
+    for k, c in b.items():
+        out[k] = out.get(k, 0) + sign * c
+    return {k: c for k, c in out.items() if c != 0 or k is None}
+
+
+def _uniform(a: Affine) -> bool:
+    return all(k is None or k[0] == "arg" for k in a)
+
+
+def _safe(load: Stmt, write: Stmt, write_first: bool) -> bool:
+    """Can the replay of `load` see a value that `write` changed after the forward read it?"""
+    li, wi = load.index, write.index
+    if li is None or wi is None or len(li) != len(wi):
+        return False
+    same_element = True
+    for a_raw, b_raw in zip(li, wi):
+        a, b = affine(a_raw), affine(b_raw)
+        diff = _combine(b, a, -1)
+        k = diff.get(None, 0)
+        if any(key is not None for key in diff):
+            return False  # indices that differ by a varying amount may meet
+        if k == 0:
+            continue
+        same_element = False
+        if _uniform(a):
+            return True
+        loops = [key for key in a if key is not None and key[0] == "sloop"]
+        varying = [key for key in a if key is not None and key[0] != "arg"]
+        if len(loops) == 1 and varying == loops:
+            return k * a[loops[0]] > 0  # each element is stored in an earlier iteration than it is read
+        return False
+    return same_element and write_first
+
+
+def check_global_access(kernel: Kernel) -> None:
+    accesses = []  # (position, stmt)
+    for t in kernel.tasks:
+        for s in list(walk(t.bounds)) + list(walk(t.body)):
+            if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC):
+                accesses.append(s)
+    pos = {id(s): k for k, s in enumerate(accesses)}
+    by_buf: dict[int, list] = {}
+    for s in accesses:
+        buf = s.attr[1] if s.op is Op.ATOMIC else s.attr
+        by_buf.setdefault(id(buf), []).append(s)
+    for group in by_buf.values():
+        loads = [s for s in group if s.op is Op.GLOBAL_LOAD]
+        writes = [s for s in group if s.op is not Op.GLOBAL_LOAD]
+        for w in writes:
+            for ld in loads:
+                if not _safe(ld, w, pos[id(w)] < pos[id(ld)]):
+                    _refuse_read_then_write(kernel, ld, w)
+            for w2 in writes:
+                if pos[id(w2)] <= pos[id(w)]:
+                    continue
+                both_add = all(x.op is Op.ATOMIC and x.attr[0] in (AtomicKind.ADD, AtomicKind.SUB) for x in (w, w2))
+                if not both_add and not _safe_writes(w, w2):
+                    _refuse_overwrite(kernel, w, w2)
+
+
+def _safe_writes(w1: Stmt, w2: Stmt) -> bool:
+    """Two writes are fine when they provably hit different elements."""
+    if w1.index is None or w2.index is None or len(w1.index) != len(w2.index):
+        return False
+    for a_raw, b_raw in zip(w1.index, w2.index):
+        a, b = affine(a_raw), affine(b_raw)
+        diff = _combine(b, a, -1)
+        if all(key is None for key in diff) and diff.get(None, 0) != 0 and _uniform(a):
+            return True
+    return False
+
+
+def _line(s: Stmt) -> str:
+    return f"line {s.loc.line}" if s.loc else "an unknown line"
+
+
+def _buf(s: Stmt):
+    return s.attr[1] if s.op is Op.ATOMIC else s.attr
+
+
+def _refuse_read_then_write(kernel: Kernel, load: Stmt, write: Stmt):
+    name = _buf(load).name
+    raise CompileError(
+        f"cannot differentiate kernel '{kernel.name}': it reads field '{name}' ({_line(load)}) and then "
+        f"overwrites what it read ({_line(write)}). The gradient kernel replays the forward computation "
+        f"with the values after the kernel ran, so the gradient would be silently wrong. Write the result "
+        f"to another field, or keep every version (e.g. index by the step: {name}[t + 1] = f({name}[t]))",
+        write.loc)
+
+
+def _refuse_overwrite(kernel: Kernel, w1: Stmt, w2: Stmt):
+    name = _buf(w1).name
+    raise CompileError(
+        f"cannot differentiate kernel '{kernel.name}': it writes field '{name}' ({_line(w1)}) and writes the "
+        f"same elements again ({_line(w2)}); the gradient of the first value would be silently wrong. "
+        f"Compute the final value in a local variable and store it once, or accumulate with +=",
+        w2.loc)

@@ -1,0 +1,33 @@
+"""Deep copies of IR kernels (the adjoint is built from a private copy of the forward IR)."""
+from __future__ import annotations
+
+from ...ir.nodes import Block, Kernel, Stmt, Task
+
+
+def clone_kernel(kernel: Kernel) -> Kernel:
+    m: dict[int, object] = {}
+    tasks = []
+    for t in kernel.tasks:
+        nt = Task(t.kind, Block(), Block(), block_dim=t.block_dim, name=t.name)
+        m[id(t)] = nt
+        nt.bounds = _clone_block(t.bounds, m)
+        nt.body = _clone_block(t.body, m)
+        nt.begin = m.get(id(t.begin)) if t.begin is not None else None
+        nt.end = m.get(id(t.end)) if t.end is not None else None
+        tasks.append(nt)
+    k = Kernel(kernel.name, tasks, list(kernel.args), list(kernel.buffers), kernel.ret,
+               kernel.uses_random, kernel.debug, kernel.loc)
+    return k
+
+
+def _clone_block(block: Block, m: dict) -> Block:
+    out = Block()
+    for s in block.stmts:
+        attr = s.attr
+        if isinstance(attr, (Stmt, Task)):
+            attr = m[id(attr)]
+        n = Stmt(s.op, s.dtype, [m[id(a)] for a in s.args], attr, [], s.name, s.loc, index=s.index)
+        m[id(s)] = n
+        n.blocks = [_clone_block(b, m) for b in s.blocks]
+        out.stmts.append(n)
+    return out

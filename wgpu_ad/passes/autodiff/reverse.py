@@ -1,0 +1,318 @@
+"""Reverse mode on the IR: every task of a kernel gets an adjoint task.
+
+An adjoint task replays its forward task (values only, no global writes), then walks the
+statements backwards, mirroring control flow, and accumulates adjoints: into local accumulators
+for values and variables, into `.grad` buffers for global loads (atomic add).
+
+Serial loops with mutable locals: when a loop runs forward in the replay, each iteration first
+pushes the loop-carried variables (those the body stores to) on a per-variable stack. The reverse
+loop runs the iterations backwards; each one pops the variables back to their values at the start
+of that iteration, replays the iteration forward (recording the loops nested in it the same way)
+and then walks its statements backwards. Memory is one snapshot per iteration along one path of
+the loop nest; time is one extra forward pass per nesting level. `break` and `continue` were
+turned into flags beforehand (normalize.py), so a replayed iteration runs exactly what the
+forward ran; loops that can exit early count their iterations.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...errors import CompileError
+from ...ir.builder import Builder
+from ...ir.nodes import ArgSlot, Block, Buffer, Kernel, Stmt, Task, walk
+from ...ir.ops import AtomicKind, GroupOp, Op
+from ...types import f32, i32, u1
+from .clone import clone_kernel
+from .normalize import normalize_task
+from .rules import RULES, ZERO
+
+
+@dataclass
+class Lazy:
+    """A contribution built only when the operand needs it (e.g. d/dy of x**y)."""
+
+    fn: object
+
+
+class AdjointEmitter:
+    """Builds one adjoint task. `d.mul(...)` etc. emit at the current position."""
+
+    def __init__(self, kernel: Kernel, grads: dict[int, Buffer], stack_size: int):
+        self.kernel = kernel
+        self.grads = grads              # id(primal Buffer) -> gradient Buffer
+        self.stack_size = stack_size
+        self.b = Builder()
+        self.pm: dict[int, Stmt] = {}   # primal stmt -> its replayed value
+        self.adj: dict[int, Stmt] = {}  # primal stmt -> ALLOCA of its adjoint
+        self.stacks: dict[int, list] = {}   # loop -> [(primal alloca, STACK_ALLOC)]
+        self.counters: dict[int, Stmt] = {}  # loop -> ALLOCA counting its iterations
+        self.index_of: dict[int, Stmt] = {}  # loop -> iteration index while reversing it
+        self.loop_kinds: list[str] = []      # 'clone' | 'reverse', innermost last
+        self.stack_allocs: list[Stmt] = []
+        self.carried: dict[int, list] = {}
+        self.active: set[int] = set()
+
+    # ---- arithmetic helpers used by the rules ---------------------------------------------
+    def emit(self, op, args, dtype=None):
+        return self.b.emit(op, args, dtype)
+
+    def const(self, v, dtype=f32):
+        return self.b.const(v, dtype)
+
+    @property
+    def zero(self):
+        return self.const(0.0)
+
+    @property
+    def one(self):
+        return self.const(1.0)
+
+    @property
+    def half(self):
+        return self.const(0.5)
+
+    def add(self, a, b): return self.b.emit(Op.ADD, [a, b])
+    def sub(self, a, b): return self.b.emit(Op.SUB, [a, b])
+    def mul(self, a, b): return self.b.emit(Op.MUL, [a, b])
+    def div(self, a, b): return self.b.emit(Op.DIV, [a, b])
+    def neg(self, a): return self.b.emit(Op.NEG, [a])
+    def select(self, c, a, b): return self.b.emit(Op.SELECT, [c, a, b])
+
+    def lazy(self, fn):
+        return Lazy(fn)
+
+    def cast_adjoint(self, g, x):
+        return g if x.dtype == f32 else None
+
+    # ---- analysis ------------------------------------------------------------------------
+    def analyze(self, task: Task) -> None:
+        """Activity: f32 values that depend on a load from a buffer with a gradient."""
+        stmts = list(walk(task.bounds)) + list(walk(task.body))
+        changed = True
+        while changed:
+            changed = False
+            for s in stmts:
+                if id(s) in self.active:
+                    continue
+                act = False
+                if s.op is Op.GLOBAL_LOAD:
+                    act = s.dtype == f32 and id(s.attr) in self.grads
+                elif s.op is Op.LOCAL_LOAD:
+                    act = id(s.args[0]) in self.active
+                elif s.op is Op.LOCAL_STORE:
+                    if id(s.args[1]) in self.active and id(s.args[0]) not in self.active:
+                        self.active.add(id(s.args[0]))
+                        changed = True
+                    continue
+                elif s.op in GroupOp.ALU and s.op not in ZERO:
+                    act = s.dtype == f32 and any(id(a) in self.active for a in s.args)
+                if act:
+                    self.active.add(id(s))
+                    changed = True
+        for s in stmts:
+            if s.op in (Op.RANGE_FOR, Op.WHILE):
+                self.carried[id(s)] = _carried(s)
+
+    # ---- forward replay ------------------------------------------------------------------
+    def fwd(self, block: Block, record: bool) -> None:
+        b = self.b
+        for s in block.stmts:
+            b.loc = s.loc
+            op = s.op
+            if op in (Op.GLOBAL_STORE, Op.ATOMIC, Op.RETURN, Op.ASSERT):
+                continue  # the replay only recomputes values
+            if op is Op.BREAK and self.loop_kinds and self.loop_kinds[-1] == "reverse":
+                continue  # a replayed iteration must not leave the reverse loop
+            if op is Op.IF:
+                n = b.if_(self.pm[id(s.args[0])])
+                for src, dst in zip(s.blocks, n.blocks):
+                    with b.at(dst):
+                        self.fwd(src, record)
+                continue
+            if op in (Op.RANGE_FOR, Op.WHILE):
+                self.clone_loop(s, record)
+                continue
+            if op is Op.LOOP_INDEX:
+                loop = s.attr
+                if id(loop) in self.index_of:
+                    self.pm[id(s)] = self.index_of[id(loop)]
+                    continue
+                attr = self.task if isinstance(loop, Task) else self.pm[id(loop)]
+                self.pm[id(s)] = b.emit(Op.LOOP_INDEX, (), s.dtype, attr, name=s.name)
+                continue
+            self.pm[id(s)] = b.emit(op, [self.pm[id(a)] for a in s.args], s.dtype, s.attr, name=s.name)
+
+    def clone_loop(self, s: Stmt, record: bool) -> None:
+        b = self.b
+        counts = record and (s.op is Op.WHILE or _breaks(s))
+        if counts:
+            cnt = b.alloca(i32, "trips")
+            b.store(cnt, b.const(0, i32))
+            self.counters[id(s)] = cnt
+        if s.op is Op.RANGE_FOR:
+            n = b.range_for(self.pm[id(s.args[0])], self.pm[id(s.args[1])], name=s.name)
+        else:
+            n = b.emit(Op.WHILE, blocks=[Block()])
+        self.pm[id(s)] = n
+        with b.at(n.blocks[0]):
+            if record:
+                pairs = []
+                for a in self.carried[id(s)]:
+                    stk = Stmt(Op.STACK_ALLOC, a.dtype, [], _capacity(s, self.stack_size), name=f"{a.name or 'v'}_stack",
+                               loc=s.loc)
+                    self.stack_allocs.append(stk)
+                    pairs.append((a, stk))
+                    b.emit(Op.STACK_PUSH, [stk, b.load(self.pm[id(a)])])
+                self.stacks[id(s)] = pairs
+                if counts:
+                    b.store(cnt, b.add(b.load(cnt), b.const(1, i32)))
+            self.loop_kinds.append("clone")
+            self.fwd(s.blocks[0], record=False)
+            self.loop_kinds.pop()
+
+    # ---- reverse -------------------------------------------------------------------------
+    def declare_accumulators(self, block: Block) -> None:
+        """Adjoint accumulators for what `block` defines, fresh each time the block runs."""
+        for s in block.stmts:
+            if id(s) in self.active:
+                self.b.loc = s.loc
+                acc = self.b.alloca(f32, f"{s.name or 'v'}_adj")
+                self.b.store(acc, self.b.const(0.0, f32))
+                self.adj[id(s)] = acc
+
+    def rev(self, block: Block, declare: bool = True) -> None:
+        b = self.b
+        if declare:
+            self.declare_accumulators(block)
+        for s in reversed(block.stmts):
+            b.loc = s.loc
+            op = s.op
+            if op is Op.IF:
+                n = b.if_(self.pm[id(s.args[0])])
+                for src, dst in zip(s.blocks, n.blocks):
+                    with b.at(dst):
+                        self.rev(src)
+            elif op in (Op.RANGE_FOR, Op.WHILE):
+                self.rev_loop(s)
+            elif op is Op.LOCAL_STORE:
+                var, val = s.args
+                if id(var) in self.active:
+                    g = b.load(self.adj[id(var)])
+                    self.accumulate(val, g)
+                    b.store(self.adj[id(var)], b.const(0.0, f32))
+            elif op is Op.LOCAL_LOAD:
+                if id(s) in self.active:
+                    self.accumulate(s.args[0], b.load(self.adj[id(s)]))
+            elif op is Op.GLOBAL_LOAD:
+                if id(s) in self.active:
+                    gbuf = self.grads[id(s.attr)]
+                    b.emit(Op.ATOMIC, [self.pm[id(s.args[0])], b.load(self.adj[id(s)])], f32,
+                           (AtomicKind.ADD, gbuf))
+            elif op is Op.GLOBAL_STORE:
+                val = s.args[1]
+                if id(val) in self.active and id(s.attr) in self.grads:
+                    g = b.emit(Op.GLOBAL_LOAD, [self.pm[id(s.args[0])]], f32, self.grads[id(s.attr)])
+                    self.accumulate(val, g)
+            elif op is Op.ATOMIC:
+                self.rev_atomic(s)
+            elif op in RULES and id(s) in self.active:
+                g = b.load(self.adj[id(s)])
+                ops = [self.pm[id(a)] for a in s.args]
+                contribs = RULES[op](self, *ops, self.pm[id(s)], g)
+                for a, c in zip(s.args, contribs):
+                    if c is not None and id(a) in self.active:
+                        self.accumulate(a, c.fn() if isinstance(c, Lazy) else c)
+
+    def rev_atomic(self, s: Stmt) -> None:
+        b = self.b
+        kind, buf = s.attr
+        val = s.args[1]
+        if id(val) not in self.active or id(buf) not in self.grads:
+            return
+        idx = self.pm[id(s.args[0])]
+        g = b.emit(Op.GLOBAL_LOAD, [idx], f32, self.grads[id(buf)])
+        if kind is AtomicKind.ADD:
+            self.accumulate(val, g)
+        elif kind is AtomicKind.SUB:
+            self.accumulate(val, b.emit(Op.NEG, [g]))
+        else:  # min/max: the adjoint goes to the values equal to the final result
+            final = b.emit(Op.GLOBAL_LOAD, [idx], f32, buf)
+            self.accumulate(val, b.select(b.emit(Op.EQ, [final, self.pm[id(val)]]), g, b.const(0.0, f32)))
+
+    def rev_loop(self, s: Stmt) -> None:
+        b = self.b
+        if id(s) in self.counters:
+            n = b.load(self.counters[id(s)])
+        else:
+            lo, hi = self.pm[id(s.args[0])], self.pm[id(s.args[1])]
+            n = b.emit(Op.MAX, [b.sub(hi, lo), b.const(0, i32)])
+        r = b.range_for(b.const(0, i32), n, name=f"{s.name or 'it'}_rev")
+        with b.at(r.blocks[0]):
+            k = b.loop_index(r)
+            if s.op is Op.RANGE_FOR:
+                j = b.add(self.pm[id(s.args[0])], b.sub(b.sub(n, b.const(1, i32)), k))
+                j.name = s.name
+                self.index_of[id(s)] = j
+            for a, stk in reversed(self.stacks[id(s)]):
+                b.store(self.pm[id(a)], b.emit(Op.STACK_POP, [stk], a.dtype))
+            self.loop_kinds.append("reverse")
+            self.fwd(s.blocks[0], record=True)
+            self.loop_kinds.pop()
+            self.rev(s.blocks[0])
+        self.index_of.pop(id(s), None)
+
+    def accumulate(self, target: Stmt, contribution: Stmt) -> None:
+        acc = self.adj.get(id(target))
+        if acc is None:  # an operand defined in an outer block that has no accumulator yet
+            return
+        self.b.store(acc, self.b.add(self.b.load(acc), contribution))
+
+    # ---- a whole task --------------------------------------------------------------------
+    def task(self, t: Task) -> Task:
+        nt = Task(t.kind, Block(), Block(), block_dim=t.block_dim, name=t.name + "_adj")
+        self.task = nt
+        self.analyze(t)
+        b = self.b
+        with b.at(nt.bounds):
+            self.fwd(t.bounds, record=False)
+        nt.begin = self.pm.get(id(t.begin)) if t.begin is not None else None
+        nt.end = self.pm.get(id(t.end)) if t.end is not None else None
+        with b.at(nt.body):
+            # kernel-scope values (the bounds block) get accumulators per iteration; their
+            # adjoints flow back through the bounds statements at the end of the iteration
+            self.declare_accumulators(t.bounds)
+            self.fwd(t.body, record=True)
+            self.rev(t.body)
+            self.rev(t.bounds, declare=False)
+        nt.body.stmts[0:0] = self.stack_allocs
+        return nt
+
+
+def _carried(loop: Stmt) -> list[Stmt]:
+    """Variables defined outside `loop` and stored inside it (its loop-carried state)."""
+    inside = {id(s) for s in walk(loop.blocks[0])}
+    out, seen = [], set()
+    for s in walk(loop.blocks[0]):
+        if s.op is Op.LOCAL_STORE:
+            a = s.args[0]
+            if id(a) not in inside and id(a) not in seen:
+                seen.add(id(a))
+                out.append(a)
+    return out
+
+
+def _breaks(loop: Stmt) -> bool:
+    def has(block: Block) -> bool:
+        for s in block.stmts:
+            if s.op is Op.BREAK:
+                return True
+            if s.op is Op.IF and any(has(x) for x in s.blocks):
+                return True
+        return False
+    return has(loop.blocks[0])
+
+
+def _capacity(loop: Stmt, default: int) -> int:
+    if loop.op is Op.RANGE_FOR and all(a.op is Op.CONST for a in loop.args):
+        return max(1, loop.args[1].attr - loop.args[0].attr)
+    return default
