@@ -1,3 +1,17 @@
-"""The tape currently recording kernel launches (None when none is). Imports nothing."""
-current_tape = None
-in_backward = False
+"""The one piece of autodiff state the kernel launcher looks at: the tape now recording.
+
+lang/kernel.py calls `on_launch(kernel, args)` (or `current_tape.record(kernel, args)`) before
+every forward launch while `current_tape` is not None. Kept import-free so the launcher can
+import it at no cost.
+"""
+from __future__ import annotations
+
+current_tape = None   # the ti.ad.Tape inside whose `with` block we are, or None
+in_backward = False   # True while a tape runs gradient functions: their launches are not recorded
+
+
+def on_launch(kernel, args: tuple) -> None:
+    """Called before a forward launch of `kernel` with its (positional) arguments."""
+    tape = current_tape
+    if tape is not None and not in_backward:
+        tape.record(kernel, args)

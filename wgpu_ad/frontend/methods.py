@@ -77,7 +77,7 @@ def global_ref(fl, obj, key, node) -> GlobalRef:
         esize *= e
     flat = linear_index(o, ints, shape, esize) if shape else o.to_stmt(0, i32)
     indices = [flat] if esize == 1 else [o.to_stmt(o.binary(Op.ADD, flat, c), i32) for c in range(esize)]
-    return GlobalRef(buf, indices, tuple(elem), label, tuple(ints))
+    return GlobalRef(buf, indices, tuple(elem), label, [tuple(ints) + (c,) for c in range(esize)])
 
 
 def eval_ref_or_value(fl, node: ast.expr):

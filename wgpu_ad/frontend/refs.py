@@ -81,10 +81,15 @@ class GlobalRef(Ref):
     indices: list          # one i32 Stmt per scalar component
     shape: tuple
     label: str             # "x[i, j]" for messages
-    multi: tuple = ()      # the field's multi-index (for the autodiff access analysis)
+    access: list = None    # per scalar: (multi-index..., component), for the autodiff access analysis
 
     def scalar_refs(self):
-        return [GlobalRef(self.buffer, [ix], (), self.label, self.multi) for ix in self.indices]
+        acc = self.access or [None] * len(self.indices)
+        return [GlobalRef(self.buffer, [ix], (), self.label, [a]) for ix, a in zip(self.indices, acc)]
+
+    def _tag(self, stmts: list) -> None:
+        for st, a in zip(stmts, self.access or []):
+            st.index = a
 
     def dtype(self) -> DType:
         return self.buffer.dtype
@@ -92,15 +97,13 @@ class GlobalRef(Ref):
     def load(self, o: Ops):
         vals = [o.b.emit(Op.GLOBAL_LOAD, [ix], self.buffer.dtype, self.buffer,
                          name=self.buffer.name.replace(".", "_")) for ix in self.indices]
-        for v in vals:
-            v.index = self.multi
+        self._tag(vals)
         return self._assemble(vals)
 
     def store(self, o: Ops, value):
         dt = self.buffer.dtype
-        for ix, v in zip(self.indices, self._split(o, value)):
-            st = o.b.emit(Op.GLOBAL_STORE, [ix, o.to_stmt(o.cast(v, dt), dt)], None, self.buffer)
-            st.index = self.multi
+        self._tag([o.b.emit(Op.GLOBAL_STORE, [ix, o.to_stmt(o.cast(v, dt), dt)], None, self.buffer)
+                   for ix, v in zip(self.indices, self._split(o, value))])
 
     def atomic(self, o: Ops, kind: AtomicKind, value):
         dt = self.buffer.dtype
@@ -108,8 +111,7 @@ class GlobalRef(Ref):
             raise CompileError(f"atomic {kind.value} needs an integer field; {self.label} is {dt}", o.b.loc)
         olds = [o.b.emit(Op.ATOMIC, [ix, o.to_stmt(o.cast(v, dt), dt)], dt, (kind, self.buffer))
                 for ix, v in zip(self.indices, self._split(o, value))]
-        for st in olds:
-            st.index = self.multi
+        self._tag(olds)
         return self._assemble(olds)
 
     def describe(self) -> str:
@@ -143,7 +145,7 @@ def _check(o: Ops, k: int, n: int, ref: Ref) -> int:
 def _rebuild(ref: Ref, subs: list[Ref], shape: tuple) -> Ref:
     if isinstance(ref, LocalRef):
         return LocalRef([s.slots[0] for s in subs], shape, ref.name)
-    return GlobalRef(ref.buffer, [s.indices[0] for s in subs], shape, ref.label, ref.multi)
+    return GlobalRef(ref.buffer, [s.indices[0] for s in subs], shape, ref.label, [s.access[0] for s in subs])
 
 
 def swizzle_ref(o: Ops, ref: Ref, attr: str) -> Ref | None:

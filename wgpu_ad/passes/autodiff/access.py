@@ -103,19 +103,60 @@ def check_global_access(kernel: Kernel) -> None:
     for s in accesses:
         buf = s.attr[1] if s.op is Op.ATOMIC else s.attr
         by_buf.setdefault(id(buf), []).append(s)
-    for group in by_buf.values():
+    branches = _branch_paths(kernel)
+    groups = list(by_buf.values())
+    for group in groups:  # reads first: their message is the more useful one
         loads = [s for s in group if s.op is Op.GLOBAL_LOAD]
-        writes = [s for s in group if s.op is not Op.GLOBAL_LOAD]
-        for w in writes:
+        for w in (s for s in group if s.op is not Op.GLOBAL_LOAD):
             for ld in loads:
                 if not _safe(ld, w, pos[id(w)] < pos[id(ld)]):
                     _refuse_read_then_write(kernel, ld, w)
+    for group in groups:
+        writes = [s for s in group if s.op is not Op.GLOBAL_LOAD]
+        for w in writes:
             for w2 in writes:
                 if pos[id(w2)] <= pos[id(w)]:
                     continue
                 both_add = all(x.op is Op.ATOMIC and x.attr[0] in (AtomicKind.ADD, AtomicKind.SUB) for x in (w, w2))
-                if not both_add and not _safe_writes(w, w2):
-                    _refuse_overwrite(kernel, w, w2)
+                if both_add or _safe_writes(w, w2):
+                    continue
+                if _exclusive(branches, w, w2) and _same_element(w, w2):
+                    continue  # the two branches of one `if`: only one of them runs
+                _refuse_overwrite(kernel, w, w2)
+
+
+def _branch_paths(kernel: Kernel) -> dict[int, list]:
+    """stmt -> [(id of enclosing IF, branch number), ...] from the outside in."""
+    out: dict[int, list] = {}
+
+    def visit(block, path):
+        for s in block.stmts:
+            out[id(s)] = path
+            for k, b in enumerate(s.blocks):
+                visit(b, path + [(id(s), k)] if s.op is Op.IF else path + [(id(s), -1)])
+    for t in kernel.tasks:
+        visit(t.bounds, [])
+        visit(t.body, [])
+    return out
+
+
+def _exclusive(paths: dict, a: Stmt, b: Stmt) -> bool:
+    for (ia, ka), (ib, kb) in zip(paths[id(a)], paths[id(b)]):
+        if ia != ib:
+            return False
+        if ka != kb:
+            return ka >= 0 and kb >= 0
+    return False
+
+
+def _same_element(a: Stmt, b: Stmt) -> bool:
+    if a.index is None or b.index is None or len(a.index) != len(b.index):
+        return False
+    for x, y in zip(a.index, b.index):
+        diff = _combine(affine(y), affine(x), -1)
+        if any(k is not None for k in diff) or diff.get(None, 0) != 0:
+            return False
+    return True
 
 
 def _safe_writes(w1: Stmt, w2: Stmt) -> bool:

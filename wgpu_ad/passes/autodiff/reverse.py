@@ -51,6 +51,11 @@ class AdjointEmitter:
         self.stack_allocs: list[Stmt] = []
         self.carried: dict[int, list] = {}
         self.active: set[int] = set()
+        # values replayed inside an `if` are out of scope in the reverse `if`: they are copied
+        # into variables declared at the replay root (the task body, or a reverse loop's body)
+        self.root: Block | None = None
+        self.in_branch = 0
+        self.backup: dict[int, Stmt] = {}
 
     # ---- arithmetic helpers used by the rules ---------------------------------------------
     def emit(self, op, args, dtype=None):
@@ -114,20 +119,33 @@ class AdjointEmitter:
                 self.carried[id(s)] = _carried(s)
 
     # ---- forward replay ------------------------------------------------------------------
+    def at_root(self, op: Op, dtype, name: str) -> Stmt:
+        """An ALLOCA declared at the start of the replay root, visible to the reverse code."""
+        a = Stmt(op, dtype, [], name, name=name, loc=self.b.loc)
+        self.root.stmts.insert(0, a)
+        return a
+
     def fwd(self, block: Block, record: bool) -> None:
         b = self.b
         for s in block.stmts:
             b.loc = s.loc
             op = s.op
+            if self.in_branch and op is Op.ALLOCA:
+                a = self.at_root(Op.ALLOCA, s.dtype, s.name or s.attr)
+                b.store(a, b.const(0, s.dtype) if s.dtype != u1 else b.const(False, u1))
+                self.pm[id(s)] = a
+                continue
             if op in (Op.GLOBAL_STORE, Op.ATOMIC, Op.RETURN, Op.ASSERT):
                 continue  # the replay only recomputes values
             if op is Op.BREAK and self.loop_kinds and self.loop_kinds[-1] == "reverse":
                 continue  # a replayed iteration must not leave the reverse loop
             if op is Op.IF:
                 n = b.if_(self.pm[id(s.args[0])])
+                self.in_branch += 1
                 for src, dst in zip(s.blocks, n.blocks):
                     with b.at(dst):
                         self.fwd(src, record)
+                self.in_branch -= 1
                 continue
             if op in (Op.RANGE_FOR, Op.WHILE):
                 self.clone_loop(s, record)
@@ -140,13 +158,17 @@ class AdjointEmitter:
                 attr = self.task if isinstance(loop, Task) else self.pm[id(loop)]
                 self.pm[id(s)] = b.emit(Op.LOOP_INDEX, (), s.dtype, attr, name=s.name)
                 continue
-            self.pm[id(s)] = b.emit(op, [self.pm[id(a)] for a in s.args], s.dtype, s.attr, name=s.name)
+            v = self.pm[id(s)] = b.emit(op, [self.pm[id(a)] for a in s.args], s.dtype, s.attr, name=s.name)
+            if self.in_branch and s.dtype is not None and op not in (Op.STACK_POP,):
+                keep = self.at_root(Op.ALLOCA, s.dtype, f"{s.name or 'v'}_kept")
+                b.store(keep, v)
+                self.backup[id(s)] = keep
 
     def clone_loop(self, s: Stmt, record: bool) -> None:
         b = self.b
         counts = record and (s.op is Op.WHILE or _breaks(s))
         if counts:
-            cnt = b.alloca(i32, "trips")
+            cnt = self.at_root(Op.ALLOCA, i32, "trips") if self.in_branch else b.alloca(i32, "trips")
             b.store(cnt, b.const(0, i32))
             self.counters[id(s)] = cnt
         if s.op is Op.RANGE_FOR:
@@ -167,7 +189,9 @@ class AdjointEmitter:
                 if counts:
                     b.store(cnt, b.add(b.load(cnt), b.const(1, i32)))
             self.loop_kinds.append("clone")
+            saved, self.in_branch = self.in_branch, 0  # the loop's reverse replays its body itself
             self.fwd(s.blocks[0], record=False)
+            self.in_branch = saved
             self.loop_kinds.pop()
 
     # ---- reverse -------------------------------------------------------------------------
@@ -191,6 +215,9 @@ class AdjointEmitter:
                 n = b.if_(self.pm[id(s.args[0])])
                 for src, dst in zip(s.blocks, n.blocks):
                     with b.at(dst):
+                        for x in src.stmts:  # the branch's replayed values, from their copies
+                            if id(x) in self.backup:
+                                self.pm[id(x)] = b.load(self.backup[id(x)])
                         self.rev(src)
             elif op in (Op.RANGE_FOR, Op.WHILE):
                 self.rev_loop(s)
@@ -256,9 +283,12 @@ class AdjointEmitter:
             for a, stk in reversed(self.stacks[id(s)]):
                 b.store(self.pm[id(a)], b.emit(Op.STACK_POP, [stk], a.dtype))
             self.loop_kinds.append("reverse")
+            saved = self.root, self.in_branch
+            self.root, self.in_branch = r.blocks[0], 0
             self.fwd(s.blocks[0], record=True)
-            self.loop_kinds.pop()
             self.rev(s.blocks[0])
+            self.root, self.in_branch = saved
+            self.loop_kinds.pop()
         self.index_of.pop(id(s), None)
 
     def accumulate(self, target: Stmt, contribution: Stmt) -> None:
@@ -277,6 +307,7 @@ class AdjointEmitter:
             self.fwd(t.bounds, record=False)
         nt.begin = self.pm.get(id(t.begin)) if t.begin is not None else None
         nt.end = self.pm.get(id(t.end)) if t.end is not None else None
+        self.root = nt.body
         with b.at(nt.body):
             # kernel-scope values (the bounds block) get accumulators per iteration; their
             # adjoints flow back through the bounds statements at the end of the iteration

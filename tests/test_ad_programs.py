@@ -1,0 +1,233 @@
+"""Reverse mode on whole programs from the seeds and Taichi's guide, with kernel.grad, against
+analytic derivatives and float64 NumPy central differences."""
+import numpy as np
+import pytest
+
+import wgpu_ad as ti
+
+pytestmark = pytest.mark.gpu
+
+
+def central_diff(f, x0: np.ndarray, h: float = 1e-6) -> np.ndarray:
+    x0 = x0.astype(np.float64)
+    g = np.zeros_like(x0)
+    for k in np.ndindex(x0.shape):
+        xp, xm = x0.copy(), x0.copy()
+        xp[k] += h
+        xm[k] -= h
+        g[k] = (f(xp) - f(xm)) / (2 * h)
+    return g
+
+
+def test_guide_sin():
+    x = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
+    y = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def compute_y():
+        y[None] = ti.sin(x[None])
+
+    for v in (0.0, 0.7, -2.3):
+        x[None] = v
+        x.grad[None] = 0
+        compute_y()
+        y.grad[None] = 1.0
+        compute_y.grad()
+        assert x.grad[None] == pytest.approx(np.cos(v), abs=1e-6)
+
+
+def test_gravity_forces_are_minus_dU_dx():
+    N = 16
+    x = ti.Vector.field(2, dtype=ti.f32, shape=N, needs_grad=True)
+    U = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def compute_U():
+        for i, j in ti.ndrange(N, N):
+            r = x[i] - x[j]
+            U[None] += -1 / r.norm(1e-3)
+
+    pos = np.random.default_rng(0).random((N, 2)).astype(np.float32)
+    x.from_numpy(pos)
+    compute_U()
+    U.grad[None] = 1.0
+    compute_U.grad()
+    p = pos.astype(np.float64)
+    d = p[:, None, :] - p[None, :, :]
+    r2 = (d ** 2).sum(-1) + 1e-3
+    ref = 2 * (d / r2[..., None] ** 1.5).sum(1)   # dU/dx_k: the (k, j) and (j, k) terms
+    np.testing.assert_allclose(x.grad.to_numpy(), ref, rtol=1e-4, atol=1e-3 * np.abs(ref).max())
+
+
+def test_kernel_grad_with_two_losses_and_user_seeds():
+    n = 8
+    x = ti.field(ti.f32, shape=n, needs_grad=True)
+    a = ti.field(ti.f32, shape=(), needs_grad=True)
+    b = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def two():
+        for i in x:
+            a[None] += x[i] ** 2
+            b[None] += ti.sin(x[i])
+
+    xv = np.linspace(-1, 1, n).astype(np.float32)
+    x.from_numpy(xv)
+    two()
+    a.grad[None] = 2.0
+    b.grad[None] = -3.0
+    two.grad()
+    np.testing.assert_allclose(x.grad.to_numpy(), 2.0 * 2 * xv - 3.0 * np.cos(xv), rtol=1e-5, atol=1e-6)
+
+
+def test_ewma_with_explicit_per_step_storage():
+    rows, cols = 3, 6
+    data = ti.field(ti.f32, shape=(rows, cols), needs_grad=True)
+    ewma = ti.field(ti.f32, shape=(rows, cols), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def calc_ewma():
+        for row in range(rows):
+            for col in range(cols):
+                if col == 0:
+                    ewma[row, col] = data[row, col]
+                else:
+                    ewma[row, col] = 0.5 * data[row, col] + 0.5 * ewma[row, col - 1]
+
+    @ti.kernel
+    def calc_loss():
+        for row in range(rows):
+            loss[None] += ewma[row, cols - 1] ** 2
+
+    d0 = np.random.default_rng(1).random((rows, cols)).astype(np.float32)
+    data.from_numpy(d0)
+    calc_ewma()
+    calc_loss()
+    loss.grad[None] = 1.0
+    calc_loss.grad()
+    calc_ewma.grad()
+
+    def f(d):
+        e = d[:, 0]
+        for c in range(1, cols):
+            e = 0.5 * d[:, c] + 0.5 * e
+        return (e ** 2).sum()
+    np.testing.assert_allclose(data.grad.to_numpy(), central_diff(f, d0), rtol=1e-4, atol=1e-6)
+
+
+def test_recursive_ewma_is_refused_not_silently_wrong():
+    data = ti.field(ti.f32, shape=(1, 2), needs_grad=True)
+    ewma = ti.field(ti.f32, shape=1, needs_grad=True)
+
+    @ti.kernel
+    def calc_ewma():
+        for row in range(1):
+            for col in range(2):
+                if col == 0:
+                    ewma[row] = data[row, col]
+                else:
+                    ewma[row] = 0.5 * data[row, col] + 0.5 * ewma[row]
+
+    calc_ewma()  # the forward pass is fine
+    with pytest.raises(ti.CompileError) as e:
+        calc_ewma.grad()
+    msg = str(e.value)
+    assert msg.startswith("cannot differentiate kernel 'calc_ewma': it reads field 'ewma' (line ")
+    assert "and then overwrites what it read" in msg
+    assert "ewma[t + 1] = f(ewma[t])" in msg
+
+
+def test_guide_rule_1_read_then_mutate_is_refused():
+    x = ti.field(dtype=ti.f32, shape=16, needs_grad=True)
+    loss = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
+    b = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def func_broke_rule_1():
+        loss[None] = x[1] * b[None]
+        b[None] += 100
+
+    func_broke_rule_1()
+    with pytest.raises(ti.CompileError, match="it reads field 'b'"):
+        func_broke_rule_1.grad()
+
+
+def test_guide_rule_2_second_write_not_accumulation_is_refused():
+    x = ti.field(dtype=ti.f32, shape=16, needs_grad=True)
+    loss = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def func_break_rule_2():
+        loss[None] += x[1] ** 2
+        loss[None] *= x[2]
+
+    func_break_rule_2()
+    with pytest.raises(ti.CompileError, match="cannot differentiate kernel 'func_break_rule_2'"):
+        func_break_rule_2.grad()
+
+
+def test_mass_spring_backprop_through_60_steps():
+    n, steps, dt = 6, 60, 0.01
+    k_spring, rest, damping = 40.0, 0.2, 0.995
+    x = ti.Vector.field(2, ti.f32, shape=(steps + 1, n), needs_grad=True)
+    v = ti.Vector.field(2, ti.f32, shape=(steps + 1, n), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    target = ti.Vector([0.9, 0.1])
+
+    @ti.kernel
+    def step(t: ti.i32):
+        for i in range(n):
+            f = ti.Vector([0.0, -9.8])
+            for k in ti.static([-1, 1]):
+                j = i + k
+                if 0 <= j < n:
+                    d = x[t, j] - x[t, i]
+                    length = d.norm(1e-6)
+                    f += k_spring * (length - rest) * d / length
+            v[t + 1, i] = v[t, i] * damping + dt * f
+            x[t + 1, i] = x[t, i] + dt * v[t + 1, i]
+
+    @ti.kernel
+    def compute_loss():
+        d = x[steps, n - 1] - ti.Vector([0.9, 0.1])
+        loss[None] = d.dot(d)
+
+    x0 = np.stack([np.linspace(0, 1, n), np.zeros(n)], 1).astype(np.float32)
+    v0 = np.random.default_rng(2).normal(0, 0.5, (n, 2)).astype(np.float32)
+
+    def run():
+        xs = np.zeros((steps + 1, n, 2), np.float32)
+        vs = np.zeros((steps + 1, n, 2), np.float32)
+        xs[0], vs[0] = x0, v0
+        x.from_numpy(xs)
+        v.from_numpy(vs)
+        for t in range(steps):
+            step(t)
+        compute_loss()
+
+    run()
+    loss.grad[None] = 1.0
+    compute_loss.grad()
+    for t in reversed(range(steps)):
+        step.grad(t)
+    got = v.grad.to_numpy()[0]
+
+    def f(v0_):
+        xs, vs = x0.astype(np.float64), v0_
+        for _ in range(steps):
+            fs = np.tile([0.0, -9.8], (n, 1))
+            for i in range(n):
+                for kk in (-1, 1):
+                    j = i + kk
+                    if 0 <= j < n:
+                        d = xs[j] - xs[i]
+                        ln = np.sqrt((d ** 2).sum() + 1e-6)
+                        fs[i] += k_spring * (ln - rest) * d / ln
+            vs = vs * damping + dt * fs
+            xs = xs + dt * vs
+        d = xs[n - 1] - np.array([0.9, 0.1])
+        return (d ** 2).sum()
+    ref = central_diff(f, v0.astype(np.float64))
+    assert loss[None] == pytest.approx(f(v0.astype(np.float64)), rel=1e-3)
+    np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())

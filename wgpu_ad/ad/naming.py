@@ -1,0 +1,51 @@
+"""Names for fields in autodiff messages.
+
+Fields get their user's variable name when a kernel using them is compiled; a tape may have to
+talk about a field before that (the loss, checked when the tape is entered). Then the name is
+looked up among the variables of the user's frames, the same way a reader of the code would.
+"""
+from __future__ import annotations
+
+import sys
+
+_PACKAGE = __name__.rsplit(".", 2)[0]  # "wgpu_ad"
+
+
+def _user_frames(limit: int = 12):
+    f = sys._getframe(1)
+    while f is not None and limit > 0:
+        mod = f.f_globals.get("__name__", "")
+        if mod != _PACKAGE and not mod.startswith(_PACKAGE + "."):
+            limit -= 1
+            yield f
+        f = f.f_back
+
+
+def name_of(s) -> str | None:
+    """The storage's name, or the name of a user variable bound to it, or None."""
+    if s.name:
+        return s.name
+    primal = getattr(s, "primal", None)
+    if getattr(s, "is_grad", False) and primal is not None:
+        n = name_of(primal)
+        return None if n is None else f"{n}.grad"
+    for f in _user_frames():
+        for scope in (f.f_locals, f.f_globals):
+            for k, v in scope.items():
+                if v is s and not k.startswith("_"):
+                    s.name = k  # remember it: later messages and generated WGSL agree
+                    return k
+    return None
+
+
+def describe(s) -> str:
+    """"field 'x'" / "ndarray 'a'" / "unnamed field", for messages."""
+    kind = getattr(s, "_kind", "field")
+    n = name_of(s)
+    return f"{kind} '{n}'" if n else f"unnamed {kind}"
+
+
+def quoted(s) -> str:
+    """"'x'" (or "an unnamed field"), for lists of fields in messages."""
+    n = name_of(s)
+    return f"'{n}'" if n else f"an unnamed {getattr(s, '_kind', 'field')}"
