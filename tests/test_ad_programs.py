@@ -231,3 +231,54 @@ def test_mass_spring_backprop_through_60_steps():
     ref = central_diff(f, v0.astype(np.float64))
     assert loss[None] == pytest.approx(f(v0.astype(np.float64)), rel=1e-3)
     np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
+
+
+def test_plain_store_of_one_element_from_every_thread_is_refused():
+    x = ti.field(ti.f32, shape=8, needs_grad=True)
+    y = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def last_one_wins():
+        for i in x:
+            y[None] = x[i] * 2
+
+    last_one_wins()
+    with pytest.raises(ti.CompileError) as e:
+        last_one_wins.grad()
+    assert str(e.value).splitlines()[0] == (
+        "cannot differentiate kernel 'last_one_wins': it stores to field 'y' (line "
+        f"{e.value.loc.line}) inside a loop, and the same element may be stored by more than one iteration "
+        "or thread; only the last value survives, so the gradient would be silently wrong. Index the field "
+        "by every loop variable, or accumulate with += (atomic add)")
+
+
+def test_ndrange_store_per_element_is_accepted():
+    n = 5
+    x = ti.field(ti.f32, shape=(n, n), needs_grad=True)
+    y = ti.field(ti.f32, shape=(n, n), needs_grad=True)
+
+    @ti.kernel
+    def square():
+        for i, j in ti.ndrange(n, n):
+            y[i, j] = x[i, j] * x[j, i]
+
+    xv = np.random.default_rng(3).random((n, n)).astype(np.float32)
+    x.from_numpy(xv)
+    square()
+    y.grad.fill(1.0)
+    square.grad()
+    np.testing.assert_allclose(x.grad.to_numpy(), 2 * xv.T, rtol=1e-6)
+
+
+def test_random_in_differentiated_kernel_is_refused():
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    y = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def noisy():
+        for i in x:
+            y[None] += x[i] * ti.random()
+
+    noisy()
+    with pytest.raises(ti.CompileError, match="it calls ti.random\\(\\); the gradient kernel replays"):
+        noisy.grad()

@@ -98,6 +98,8 @@ class Kernel:
     uses_random: bool = False
     debug: bool = False            # ASSERTs present (index checks)
     loc: SourceLoc | None = None
+    # id(stmt) -> (task, d): stmts the frontend computed as dimension d of a task's parallel index
+    loop_dims: dict = field(default_factory=dict)
 
 
 def walk(block: Block) -> Iterator[Stmt]:

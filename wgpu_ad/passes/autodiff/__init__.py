@@ -20,8 +20,8 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
 
     grad_source(buffer) gives the gradient storage of a primal buffer, or None when it has none.
     """
+    check_differentiable(kernel)
     k = clone_kernel(kernel)
-    check_differentiable(k)
     grads: dict[int, Buffer] = {}
     buffers = list(k.buffers)
     by_source = {id(b.source): b for b in buffers if not isinstance(b.source, tuple)}

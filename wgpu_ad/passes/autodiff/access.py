@@ -23,6 +23,7 @@ from ...ir.nodes import Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
 
 Affine = dict  # key -> coefficient; key None is the constant term
+_loop_dims: dict = {}  # the kernel being checked: id(stmt) -> (task, d)
 
 
 def affine(v) -> Affine:
@@ -32,6 +33,9 @@ def affine(v) -> Affine:
         return {None: v}
     if not isinstance(v, Stmt):
         return {("opaque", id(v)): 1}
+    if id(v) in _loop_dims:
+        task, d = _loop_dims[id(v)]
+        return {("pdim", id(task), d): 1}
     op = v.op
     if op is Op.CONST and not v.dtype.is_float:
         return {None: int(v.attr)}
@@ -93,7 +97,16 @@ def _safe(load: Stmt, write: Stmt, write_first: bool) -> bool:
 
 
 def check_global_access(kernel: Kernel) -> None:
-    accesses = []  # (position, stmt)
+    global _loop_dims
+    _loop_dims = kernel.loop_dims
+    try:
+        _check(kernel)
+    finally:
+        _loop_dims = {}
+
+
+def _check(kernel: Kernel) -> None:
+    accesses = []
     for t in kernel.tasks:
         for s in list(walk(t.bounds)) + list(walk(t.body)):
             if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC):
@@ -111,9 +124,13 @@ def check_global_access(kernel: Kernel) -> None:
             for ld in loads:
                 if not _safe(ld, w, pos[id(w)] < pos[id(ld)]):
                     _refuse_read_then_write(kernel, ld, w)
+    loops = _enclosing_loops(kernel)
     for group in groups:
         writes = [s for s in group if s.op is not Op.GLOBAL_LOAD]
         for w in writes:
+            adds = w.op is Op.ATOMIC and w.attr[0] in (AtomicKind.ADD, AtomicKind.SUB)
+            if not adds and not _injective(w, loops[id(w)]):
+                _refuse_repeated_write(kernel, w)
             for w2 in writes:
                 if pos[id(w2)] <= pos[id(w)]:
                     continue
@@ -123,6 +140,59 @@ def check_global_access(kernel: Kernel) -> None:
                 if _exclusive(branches, w, w2) and _same_element(w, w2):
                     continue  # the two branches of one `if`: only one of them runs
                 _refuse_overwrite(kernel, w, w2)
+
+
+def _enclosing_loops(kernel: Kernel) -> dict[int, list]:
+    """stmt -> the loop keys of every loop around it (serial loops and the parallel loop)."""
+    out: dict[int, list] = {}
+
+    def visit(block, keys):
+        for s in block.stmts:
+            out[id(s)] = keys
+            for b in s.blocks:
+                if s.op is Op.RANGE_FOR:
+                    visit(b, keys + [[("sloop", id(s))]])
+                elif s.op is Op.WHILE:
+                    visit(b, keys + [[("while", id(s))]])
+                else:
+                    visit(b, keys)
+    for t in kernel.tasks:
+        visit(t.bounds, [])
+        if t.kind == "range":
+            dims = sorted({d for (task, d) in kernel.loop_dims.values() if task is t})
+            top = [[("pdim", id(t), d)] for d in dims] if dims else [[("ploop", id(t))]]
+            visit(t.body, top)
+        else:
+            visit(t.body, [])
+    return out
+
+
+def _injective(w: Stmt, loops: list) -> bool:
+    """Does every iteration of the loops around `w` (and every thread) write a different element?
+    Proven when each loop index is alone (up to uniform terms) in a dimension of its own."""
+    if not loops:
+        return True
+    if w.index is None:
+        return False
+    dims = [affine(x) for x in w.index]
+    used = set()
+    for group in loops:
+        for key in group:
+            hit = next((k for k, a in enumerate(dims) if k not in used and
+                        {x for x in a if x is not None and x[0] != "arg"} == {key} and a[key] != 0), None)
+            if hit is None:
+                return False
+            used.add(hit)
+    return True
+
+
+def _refuse_repeated_write(kernel: Kernel, w: Stmt):
+    name = _buf(w).name
+    raise CompileError(
+        f"cannot differentiate kernel '{kernel.name}': it stores to field '{name}' ({_line(w)}) inside a loop, "
+        f"and the same element may be stored by more than one iteration or thread; only the last value "
+        f"survives, so the gradient would be silently wrong. Index the field by every loop variable, or "
+        f"accumulate with += (atomic add)", w.loc)
 
 
 def _branch_paths(kernel: Kernel) -> dict[int, list]:

@@ -17,6 +17,7 @@ def clone_kernel(kernel: Kernel) -> Kernel:
         tasks.append(nt)
     k = Kernel(kernel.name, tasks, list(kernel.args), list(kernel.buffers), kernel.ret,
                kernel.uses_random, kernel.debug, kernel.loc)
+    k.loop_dims = {key: (m.get(id(t), t), d) for key, (t, d) in kernel.loop_dims.items()}
     return k
 
 
