@@ -8,6 +8,7 @@ from typing import Callable
 from ...ir.nodes import Buffer, Kernel
 from .checks import check_differentiable
 from .clone import clone_kernel
+from .demote import demote_atomics
 from .normalize import normalize_task
 from .reverse import AdjointEmitter
 
@@ -39,7 +40,11 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
         grads[id(b)] = g
     for t in k.tasks:
         normalize_task(t)
-    tasks = [AdjointEmitter(k, grads, stack_size).task(t) for t in reversed(k.tasks)]
+    tasks = []
+    for t, orig in zip(reversed(k.tasks), reversed(kernel.tasks)):
+        nt = AdjointEmitter(k, grads, stack_size).task(t)
+        demote_atomics(k, kernel, nt, orig)
+        tasks.append(nt)
     return Kernel(k.name + "_grad", tasks, list(k.args), buffers, None, False, k.debug, k.loc)
 
 

@@ -233,8 +233,9 @@ class AdjointEmitter:
             elif op is Op.GLOBAL_LOAD:
                 if id(s) in self.active:
                     gbuf = self.grads[id(s.attr)]
-                    b.emit(Op.ATOMIC, [self.pm[id(s.args[0])], b.load(self.adj[id(s)])], f32,
-                           (AtomicKind.ADD, gbuf))
+                    acc = b.emit(Op.ATOMIC, [self.pm[id(s.args[0])], b.load(self.adj[id(s)])], f32,
+                                 (AtomicKind.ADD, gbuf))
+                    acc.index = s.index  # lets demote.py prove one writer per element
             elif op is Op.GLOBAL_STORE:
                 val = s.args[1]
                 if id(val) in self.active and id(s.attr) in self.grads:
