@@ -282,3 +282,86 @@ def test_random_in_differentiated_kernel_is_refused():
     noisy()
     with pytest.raises(ti.CompileError, match="it calls ti.random\\(\\); the gradient kernel replays"):
         noisy.grad()
+
+
+def test_tape_refuses_a_kernel_overwriting_what_an_earlier_one_read():
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    y = ti.field(ti.f32, shape=4, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def use_x():
+        for i in x:
+            y[i] = x[i] * 3
+
+    @ti.kernel
+    def scale_x():
+        for i in x:
+            x[i] = 0.0
+
+    @ti.kernel
+    def total():
+        for i in y:
+            loss[None] += y[i]
+
+    with pytest.raises(ti.WgpuAdError) as e:
+        with ti.ad.Tape(loss):
+            use_x()
+            scale_x()
+            total()
+    assert str(e.value).startswith(
+        "ti.ad.Tape: kernel 'scale_x' (launch 2 on the tape) writes elements of field 'x' that kernel "
+        "'use_x' (launch 1) read before")
+
+
+def test_tape_refuses_a_second_store_into_the_same_elements():
+    x = ti.field(ti.f32, shape=(), needs_grad=True)
+    z = ti.field(ti.f32, shape=(), needs_grad=True)
+    y = ti.field(ti.f32, shape=(), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def k1():
+        y[None] = 3 * x[None]
+
+    @ti.kernel
+    def k2():
+        y[None] = 5 * z[None]
+
+    @ti.kernel
+    def k3():
+        loss[None] += y[None]
+
+    with pytest.raises(ti.WgpuAdError, match="kernel 'k2' \\(launch 2 on the tape\\) overwrites elements of field 'y'"):
+        with ti.ad.Tape(loss):
+            k1()
+            k2()
+            k3()
+
+
+def test_tape_accepts_step_indexed_state_and_matches_central_differences():
+    steps = 20
+    x = ti.field(ti.f32, shape=steps + 1, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def advance(t: ti.i32):
+        x[t + 1] = x[t] + 0.1 * ti.sin(x[t])
+
+    @ti.kernel
+    def final():
+        loss[None] = x[steps] ** 2
+
+    for x0 in (0.3, 2.0):
+        x[0] = x0
+        with ti.ad.Tape(loss):
+            for t in range(steps):
+                advance(t)
+            final()
+
+        def f(v):
+            v = v[0]
+            for _ in range(steps):
+                v = v + 0.1 * np.sin(v)
+            return v ** 2
+        assert x.grad[0] == pytest.approx(central_diff(f, np.array([x0]))[0], rel=1e-4)

@@ -181,3 +181,21 @@ def test_kernel_scope_variable_read_before_any_write_is_fine():
 
     k()
     assert b.to_numpy().tolist() == [6.0, 7.0, 8.0, 9.0]
+
+
+def test_kernel_scope_variable_changed_by_a_serial_part_is_refused_in_later_loops():
+    x = ti.field(ti.f32, shape=4)
+    y = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def k():
+        s = 0.0
+        ti.loop_config(serialize=True)
+        for j in range(4):
+            s = s + x[j]
+        for i in y:
+            y[i] = s
+
+    msg = _compile_error(k)
+    assert msg.splitlines()[0].startswith("'s' was assigned at line ")
+    assert "in a part of the kernel that runs as its own GPU pass" in msg

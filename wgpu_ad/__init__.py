@@ -2,6 +2,8 @@
 
 `import wgpu_ad as ti` runs Taichi programs of the supported subset unchanged.
 """
+from . import ad
+from .ad import Tape, clear_all_gradients, grad_for, grad_replaced, no_grad
 from .errors import (CompileError, GpuError, KernelArgError, KernelRuntimeError, UnsupportedError,
                      WgpuAdError)
 from .frontend.builtins import (abs, acos, asin, atan, atan2, atomic_add, atomic_and, atomic_max,

@@ -1,1 +1,11 @@
-"""ti.ad: reverse-mode autodiff API."""
+"""Reverse-mode autodiff, the user-facing part (Taichi's ti.ad): the tape that records kernel
+launches and runs their adjoints backwards, user-defined gradients, gradient checks.
+
+The adjoint kernels themselves come from the compiler (passes/autodiff) through `kernel.grad`.
+"""
+from .custom import GradReplaced, grad_for, grad_replaced, no_grad
+from .gradcheck import GradCheckError, GradCheckReport, check_grad
+from .tape import Tape, clear_all_gradients
+
+__all__ = ["Tape", "clear_all_gradients", "grad_replaced", "grad_for", "no_grad", "GradReplaced",
+           "check_grad", "GradCheckReport", "GradCheckError"]

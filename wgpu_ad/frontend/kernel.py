@@ -198,6 +198,7 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool)
             n_pre = len(prelude) - sum(1 for st, _ in serial if _is_pure(fl.globals, st))
             for entry in prelude[:max(n_pre, 0)]:
                 _replay(fl, entry, tasks)
+            _forget_moved(fl, k)
             for st, env in serial:
                 _with_env(fl, env, lambda: fl.lower_body([st]))
         tasks.append(task)
@@ -278,6 +279,14 @@ def _written(task: Task) -> set:
     return out
 
 
+def _forget_moved(fl: FuncLowerer, k: KernelContext) -> None:
+    """Variables an earlier serial part assigned cannot reach this task: looking them up gives
+    the error that says why, instead of their stale recomputed value."""
+    for scope in fl.scopes:
+        for name in k.moved_names:
+            scope.pop(name, None)
+
+
 def _replay(fl: FuncLowerer, entry, tasks: list[Task]) -> None:
     """Recompute a kernel-scope variable definition in a later task; refuse when a task in
     between wrote a field it reads (the recomputed value would differ from Python's order)."""
@@ -304,6 +313,7 @@ def _range_task(k: KernelContext, new_lowerer, task_env, prelude, tasks, st: ast
         fl = new_lowerer(task_env(env))
         for entry in prelude:
             _replay(fl, entry, tasks)
+        _forget_moved(fl, k)
         fl.scopes[0].update(env)
         k.builder.loc = fl.pf.loc(st)
         spec = analyze_iter(fl, st)

@@ -18,6 +18,13 @@ _compile_epoch = [0]  # bumped by ti.reset(): compiled kernels belong to one dev
 _ad_state = None      # wgpu_ad.ad.state, imported on first launch (the tape records launches)
 
 
+def _get_runtime():
+    from ..runtime import device
+    global _get_runtime
+    _get_runtime = device.get_runtime
+    return device.get_runtime()
+
+
 def _ad():
     global _ad_state
     if _ad_state is None:
@@ -99,6 +106,7 @@ class _Compiled:
     bounds: list                    # per task: callable(argvals) -> thread count, or None (dynamic)
     resolvers: list                 # per buffer: callable(call args) -> wgpu buffer
     has_asserts: bool
+    footprint: Any = None           # _static_footprint(ir), computed when a tape asks
 
 
 class Kernel:
@@ -123,6 +131,9 @@ class Kernel:
         self.ret_dtype = None if ret in (inspect.Signature.empty, None) else to_dtype(ret)
         self._cache: dict = {}
         self._grad_cache: dict = {}
+        self._last = None  # (epoch, compiled, specs) when every argument is a plain scalar
+        self._scalar_only = all(not isinstance(a, (Template, NdarrayType, VectorType, MatrixType))
+                                and a not in (Template, NdarrayType) for a in self.anns)
         self._no_grad = False
 
     # ---- argument handling ------------------------------------------------------------
@@ -192,13 +203,18 @@ class Kernel:
                          make_resolvers(ck, specs), bool(ck.asserts))
 
     def _get(self, args):
-        from .. import runtime
-        rt = runtime.get_runtime()
+        rt = _get_runtime()
+        if self._scalar_only:  # the hot path: nothing to specialise on
+            hit = self._last
+            if hit is not None and hit[0] == _compile_epoch[0] and len(args) == len(self.params):
+                return hit[1], hit[2], rt
         specs, key = self._specs(args)
         full = (key, _compile_epoch[0])
         c = self._cache.get(full)
         if c is None:
             c = self._cache[full] = self._compile(specs, key, rt)
+        if self._scalar_only:
+            self._last = (_compile_epoch[0], c, specs)
         return c, specs, rt
 
     def __call__(self, *args, **kwargs):
@@ -257,6 +273,26 @@ class Kernel:
                 print(t.wgsl)
         return _Compiled(ck, rev, make_packer(rev, specs), [make_bounds(t) for t in rev.tasks],
                          make_resolvers(ck, specs), bool(ck.asserts))
+
+    def footprint(self, *args) -> list[tuple]:
+        """What this launch touches: (storage, kind, index) with kind 'load', 'store', 'add' (atomic
+        add/sub) or 'atomic', and index a tuple with an int where the index is the same for every
+        thread and iteration (computed from constants and these arguments) and None elsewhere."""
+        c, specs, rt = self._get(args)
+        fp = c.footprint
+        if fp is None:
+            fp = c.footprint = _static_footprint(c.ir)
+        vals = dict(zip((a.name for a in c.ir.args), c.pack.unpack(c.pack(args, _NoSeed()))))
+        names = [s.name for s in specs]
+        out = []
+        for src, kind, dims in fp:
+            obj = args[names.index(src[1])] if isinstance(src, tuple) else src
+            if isinstance(src, tuple) and src[0] == "arg_grad":
+                obj = obj.grad
+            idx = tuple(None if d is None else int(sum(c * (1 if k is None else vals[k[1]]) for k, c in d.items()))
+                        for d in dims)
+            out.append((obj, kind, idx))
+        return out
 
     def accessed(self, *args) -> tuple[list, list]:
         """(storages read, storages written) by this kernel for these arguments (primal ones)."""
@@ -317,6 +353,42 @@ class _GradLauncher:
             args = k._bind_kwargs(args, kwargs)
         g, specs, rt = k._get_grad(args)
         return launch(k, g, specs, args, rt)
+
+
+class _NoSeed:
+    def next_seed(self) -> int:
+        return 0
+
+
+def _static_footprint(ir) -> list:
+    """Per global access of the kernel: (buffer source, kind, per-dimension affine form when it
+    is uniform across threads and iterations, else None)."""
+    from ..ir.nodes import walk
+    from ..ir.ops import AtomicKind, Op
+    from ..passes.autodiff import access
+    out, seen = [], set()
+    access._loop_dims = ir.loop_dims
+    try:
+        for t in ir.tasks:
+            for blk in (t.bounds, t.body):
+                for s in walk(blk):
+                    if s.op not in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC):
+                        continue
+                    buf = s.attr[1] if s.op is Op.ATOMIC else s.attr
+                    kind = {Op.GLOBAL_LOAD: "load", Op.GLOBAL_STORE: "store"}.get(s.op) or (
+                        "add" if s.attr[0] in (AtomicKind.ADD, AtomicKind.SUB) else "atomic")
+                    if s.index is None:
+                        dims = (None,)
+                    else:
+                        dims = tuple(a if all(k is None or k[0] == "arg" for k in a) else None
+                                     for a in (access.affine(x) for x in s.index))
+                    key = (id(buf), kind, tuple(None if d is None else tuple(sorted(d.items(), key=repr)) for d in dims))
+                    if key not in seen:
+                        seen.add(key)
+                        out.append((buf.source, kind, dims))
+    finally:
+        access._loop_dims = {}
+    return out
 
 
 def kernel(fn: Callable) -> Kernel:

@@ -112,24 +112,25 @@ def _check(kernel: Kernel) -> None:
             if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC):
                 accesses.append(s)
     pos = {id(s): k for k, s in enumerate(accesses)}
+    task_of = {id(s): k for k, t in enumerate(kernel.tasks) for s in list(walk(t.bounds)) + list(walk(t.body))}
     by_buf: dict[int, list] = {}
     for s in accesses:
         buf = s.attr[1] if s.op is Op.ATOMIC else s.attr
         by_buf.setdefault(id(buf), []).append(s)
-    branches = _branch_paths(kernel)
     groups = list(by_buf.values())
     for group in groups:  # reads first: their message is the more useful one
         loads = [s for s in group if s.op is Op.GLOBAL_LOAD]
         for w in (s for s in group if s.op is not Op.GLOBAL_LOAD):
             for ld in loads:
+                if task_of[id(w)] < task_of[id(ld)]:
+                    continue  # an earlier dispatch wrote it: the replay reads the same value
                 if not _safe(ld, w, pos[id(w)] < pos[id(ld)]):
                     _refuse_read_then_write(kernel, ld, w)
     loops = _enclosing_loops(kernel)
     for group in groups:
         writes = [s for s in group if s.op is not Op.GLOBAL_LOAD]
         for w in writes:
-            adds = w.op is Op.ATOMIC and w.attr[0] in (AtomicKind.ADD, AtomicKind.SUB)
-            if not adds and not _injective(w, loops[id(w)]):
+            if w.op is not Op.ATOMIC and not _injective(w, loops[id(w)]):  # atomics accumulate
                 _refuse_repeated_write(kernel, w)
             for w2 in writes:
                 if pos[id(w2)] <= pos[id(w)]:
@@ -137,8 +138,10 @@ def _check(kernel: Kernel) -> None:
                 both_add = all(x.op is Op.ATOMIC and x.attr[0] in (AtomicKind.ADD, AtomicKind.SUB) for x in (w, w2))
                 if both_add or _safe_writes(w, w2):
                     continue
-                if _exclusive(branches, w, w2) and _same_element(w, w2):
-                    continue  # the two branches of one `if`: only one of them runs
+                if _same_element(w, w2) and task_of[id(w)] == task_of[id(w2)]:
+                    # the same thread and iteration writes it twice (or in two branches): the
+                    # adjoint walks them in reverse and zeroes the gradient after each store
+                    continue
                 _refuse_overwrite(kernel, w, w2)
 
 
@@ -193,30 +196,6 @@ def _refuse_repeated_write(kernel: Kernel, w: Stmt):
         f"and the same element may be stored by more than one iteration or thread; only the last value "
         f"survives, so the gradient would be silently wrong. Index the field by every loop variable, or "
         f"accumulate with += (atomic add)", w.loc)
-
-
-def _branch_paths(kernel: Kernel) -> dict[int, list]:
-    """stmt -> [(id of enclosing IF, branch number), ...] from the outside in."""
-    out: dict[int, list] = {}
-
-    def visit(block, path):
-        for s in block.stmts:
-            out[id(s)] = path
-            for k, b in enumerate(s.blocks):
-                visit(b, path + [(id(s), k)] if s.op is Op.IF else path + [(id(s), -1)])
-    for t in kernel.tasks:
-        visit(t.bounds, [])
-        visit(t.body, [])
-    return out
-
-
-def _exclusive(paths: dict, a: Stmt, b: Stmt) -> bool:
-    for (ia, ka), (ib, kb) in zip(paths[id(a)], paths[id(b)]):
-        if ia != ib:
-            return False
-        if ka != kb:
-            return ka >= 0 and kb >= 0
-    return False
 
 
 def _same_element(a: Stmt, b: Stmt) -> bool:

@@ -1,0 +1,63 @@
+"""Global data access rules across the kernels of a tape, checked from their footprints.
+
+Each launch knows which elements it touches: per field, an index with the dimensions that are the
+same for every thread (computed from constants and the launch's arguments) and wildcards for the
+rest (kernel.footprint). Before the backward pass, the tape refuses
+  - a launch that writes elements an earlier launch read: the earlier kernel's gradient would
+    replay with the new values (Taichi's rule #1, across kernels);
+  - a launch that stores (not accumulates) into elements an earlier launch wrote: the gradient of
+    the first value would be wrong (rule #2).
+Step-indexed state (x[t + 1] = f(x[t])) passes: its launches touch different elements.
+Tape(validation=True) replaces this check with an exact one on the values.
+"""
+from __future__ import annotations
+
+from ..errors import WgpuAdError
+from .naming import describe
+
+
+def _overlap(a: tuple, b: tuple) -> bool:
+    if len(a) != len(b):
+        return True
+    return all(x is None or y is None or x == y for x, y in zip(a, b))
+
+
+def check_overwrites(entries) -> None:
+    reads: list[tuple] = []   # (storage, index, kernel name, launch number)
+    writes: list[tuple] = []  # (storage, index, kind, kernel name, launch number)
+    n = 0
+    for e in entries:
+        if e.kind == "custom" or getattr(e, "opaque", False):
+            return  # a hand-written gradient: what it needs is the user's business
+        for kernel, args in e.launches():
+            n += 1
+            fp = kernel.footprint(*args)
+            name = kernel.__name__
+            for obj, kind, idx in fp:
+                if kind == "load" or getattr(obj, "is_grad", False):
+                    continue
+                for r_obj, r_idx, r_name, r_n in reads:
+                    if r_obj is obj and _overlap(idx, r_idx):
+                        raise WgpuAdError(
+                            f"ti.ad.Tape: kernel '{name}' (launch {n} on the tape) writes elements of "
+                            f"{describe(obj)} that kernel '{r_name}' (launch {r_n}) read before; the gradient "
+                            f"of '{r_name}' replays it with the values after the tape and would be silently "
+                            f"wrong. Keep every version in its own elements (e.g. index the field by the "
+                            f"step: x[t + 1] = f(x[t])), or check the actual values with "
+                            f"ti.ad.Tape(..., validation=True)")
+                if kind in ("store", "atomic"):
+                    for w_obj, w_idx, w_kind, w_name, w_n in writes:
+                        if w_obj is obj and _overlap(idx, w_idx):
+                            raise WgpuAdError(
+                                f"ti.ad.Tape: kernel '{name}' (launch {n} on the tape) overwrites elements of "
+                                f"{describe(obj)} that kernel '{w_name}' (launch {w_n}) wrote; the gradient of "
+                                f"the first value would be silently wrong. Accumulate with += instead, or "
+                                f"store each version in its own elements, or check the actual values with "
+                                f"ti.ad.Tape(..., validation=True)")
+            if e.kind == "no_grad":
+                continue  # no gradient replays its reads
+            for obj, kind, idx in fp:
+                if kind == "load":
+                    reads.append((obj, idx, name, n))
+                else:
+                    writes.append((obj, idx, kind, name, n))

@@ -1,0 +1,335 @@
+"""ti.ad.Tape: record the kernel launches of a `with` block, then run their adjoints backwards.
+
+    with ti.ad.Tape(loss=L):      # zeroes every gradient and L, then records
+        compute_y()
+        compute_loss()
+    # on exit: L.grad = 1, then compute_loss.grad(), compute_y.grad(): x.grad holds dL/dx
+
+The kernel launcher tells the tape about every forward launch (state.on_launch); the tape only
+orders launches and calls `kernel.grad(*args)` (the generated adjoint) or a grad_replaced
+function's gradient in reverse. Before the backward pass it checks that a gradient can actually
+flow from the loss to something, and names the field that stops it: Taichi silently gives zero
+gradients there (or "Gradients of loss are not allocated").
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field as dc_field
+from typing import Any, Callable
+
+from ..errors import WgpuAdError
+from . import state
+from .naming import describe, quoted
+
+
+def _live_storages():
+    from ..lang.storage import _live
+    return list(_live)
+
+
+def clear_all_gradients() -> None:
+    """Set the gradient of every field and ndarray that has one to zero (ti.ad.clear_all_gradients)."""
+    for s in _live_storages():
+        # A gradient never written is still unallocated, and so already zero: skip it (no allocation).
+        if s.is_grad and s._buffer is not None:
+            s.fill(0)
+
+
+def _is_storage(x) -> bool:
+    return hasattr(x, "gpu_buffer") and hasattr(x, "is_grad")
+
+
+def _accesses(kernel, args) -> tuple[list, list] | None:
+    """(reads, writes) of one launch, from the compiler; None if the kernel cannot tell."""
+    accessed = getattr(kernel, "accessed", None)
+    if accessed is None:
+        return None
+    return accessed(*args)
+
+
+@dataclass
+class TapeEntry:
+    """One recorded unit: a kernel launch, or a call of a grad_replaced / no_grad function."""
+
+    fn: Any                      # the Kernel or GradReplaced object
+    args: tuple
+    kwargs: dict = dc_field(default_factory=dict)
+    kind: str = "kernel"         # 'kernel' | 'custom' | 'no_grad'
+    inner: list = dc_field(default_factory=list)  # (kernel, args) launched inside a custom call
+    opaque: bool = False         # inserted by hand (Tape.insert): its launches are unknown
+
+    @property
+    def name(self) -> str:
+        return getattr(self.fn, "__name__", repr(self.fn))
+
+    def launches(self) -> list:
+        """The kernel launches this entry made."""
+        return [(self.fn, self.args)] if getattr(self.fn, "_wgpu_ad_kernel", False) else self.inner
+
+    def forward(self) -> None:
+        """Run it again (gradient checks replay the tape)."""
+        self.fn(*self.args, **self.kwargs)
+
+    def backward(self) -> None:
+        if self.kind == "no_grad":
+            return
+        self.fn.grad(*self.args, **self.kwargs)
+
+
+class Tape:
+    """Reverse-mode autodiff over the kernel launches in a `with` block (Taichi's ti.ad.Tape).
+
+    loss: a 0-d float field with a gradient (needs_grad=True or ti.root.lazy_grad()). It is set to
+        0 when the tape is entered; on exit its gradient is set to 1 and the recorded kernels'
+        gradients run in reverse order. With loss=None nothing runs on exit: seed the outputs'
+        .grad yourself and call tape.grad().
+    clear_gradients: zero every gradient when the tape is entered (Taichi's behaviour).
+    validation: check, before the backward pass, Taichi's global data access rules across the
+        kernels of the tape (nothing read is overwritten later; a written element is only
+        accumulated into afterwards): breaking them gives silently wrong gradients. Costs a copy
+        of the fields each kernel touches (see validate.py).
+    grad_check: fields (or ndarrays) whose gradients are checked against central differences
+        after the backward pass, by replaying the recorded launches; raises GradCheckError naming
+        the worst element when they disagree. Python-scope writes inside the block are not replayed.
+    """
+
+    def __init__(self, loss=None, clear_gradients: bool = True, validation: bool = False,
+                 grad_check=None):
+        if loss is not None and not _is_storage(loss):
+            raise WgpuAdError(f"ti.ad.Tape(loss=...): expected a 0-d field with needs_grad=True, got "
+                              f"{type(loss).__name__}")
+        if grad_check is not None:
+            if _is_storage(grad_check):
+                grad_check = [grad_check]
+            if not isinstance(grad_check, (list, tuple)) or not all(_is_storage(g) for g in grad_check):
+                raise WgpuAdError("ti.ad.Tape(grad_check=...): expected a list of fields or ndarrays "
+                                  "(the inputs whose gradients to check)")
+            if loss is None:
+                raise WgpuAdError("ti.ad.Tape(grad_check=...) needs a loss: ti.ad.Tape(loss=L, grad_check=[x])")
+        self.loss = loss
+        self.clear_gradients = bool(clear_gradients)
+        self.validation = bool(validation)
+        self.grad_check = list(grad_check) if grad_check else None
+        self.entries: list[TapeEntry] = []
+        self.entered = False
+        self.recording = False
+        self.gradient_evaluated = False
+        self.grad_check_report = None  # the GradCheckReport after a grad_check run
+        self._custom: TapeEntry | None = None
+        self._where = ""
+        self._saved_in_backward = False
+        self._snapshot = None   # gradcheck.Snapshot of written fields (grad_check / check_grad)
+        self._validator = None  # validate.Validator (validation=True)
+        self._snapshot_writes = self.grad_check is not None
+
+    # ---- the with block -----------------------------------------------------------------------
+
+    def __enter__(self) -> "Tape":
+        if self.entered:
+            raise WgpuAdError("this ti.ad.Tape was already used; create a new Tape for each `with` block")
+        other = state.current_tape
+        if other is not None:
+            raise WgpuAdError(f"ti.ad.Tape: another tape is already recording (entered at {other._where}); "
+                              f"tapes cannot be nested. Record everything in one tape, or finish the first "
+                              f"`with` block before starting the next")
+        f = sys._getframe(1)
+        self._where = f"{f.f_code.co_filename}:{f.f_lineno}"
+        self.entered = True
+        if self.loss is not None:
+            self._check_loss()
+        for x in self.grad_check or ():
+            if not x.needs_grad:
+                raise WgpuAdError(f"ti.ad.Tape(grad_check=...): {describe(x)} has no gradient to check: "
+                                  f"create it with needs_grad=True (or call ti.root.lazy_grad()) before the tape")
+        if self.clear_gradients:
+            clear_all_gradients()
+        if self.loss is not None:
+            self.loss.fill(0)  # kernels usually accumulate into the loss (Taichi zeroes it too)
+        if self._snapshot_writes:
+            from .gradcheck import Snapshot
+            self._snapshot = Snapshot()
+        if self.validation:
+            from .validate import Validator
+            self._validator = Validator()
+        self._saved_in_backward = state.in_backward
+        state.in_backward = False
+        state.current_tape = self
+        self.recording = True
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self._stop()
+        if exc_type is None and self.loss is not None:
+            self.grad()
+        return False
+
+    def _stop(self) -> None:
+        if state.current_tape is self:
+            state.current_tape = None
+            state.in_backward = self._saved_in_backward
+        self.recording = False
+        if self._validator is not None:
+            self._validator.finish()
+
+    def _check_loss(self) -> None:
+        L = self.loss
+        what = f"loss {describe(L)}"
+        if L.is_grad:
+            raise WgpuAdError(f"{what} is a gradient; pass the primal field as the loss")
+        if not L.dtype.is_float:
+            raise WgpuAdError(f"{what} has dtype {L.dtype}: the loss must be a float field")
+        if L.n_scalars != 1:
+            raise WgpuAdError(f"{what} has shape {L.shape + L.element_shape}: ti.ad.Tape(loss=...) needs a 0-d "
+                              f"field holding one number (shape=()). For several outputs, seed their .grad "
+                              f"yourself and use ti.ad.Tape() without a loss, then tape.grad()")
+        if not L.needs_grad:
+            raise WgpuAdError(f"{what} has no gradient: create it with needs_grad=True (or call "
+                              f"ti.root.lazy_grad()) before the tape")
+
+    # ---- recording (called by the launcher through state.on_launch) ----------------------------
+
+    def record(self, kernel, args: tuple) -> None:
+        """A forward launch of `kernel` with `args` is about to run inside the with block."""
+        if not self.recording or state.in_backward:
+            return
+        args = tuple(args)
+        if self._custom is not None:
+            self._custom.inner.append((kernel, args))
+        else:
+            kind = "no_grad" if getattr(kernel, "_no_grad", False) else "kernel"
+            self.entries.append(TapeEntry(kernel, args, kind=kind))
+        if self._snapshot is not None or self._validator is not None:
+            acc = _accesses(kernel, args)
+            if acc is not None:
+                if self._snapshot is not None:
+                    self._snapshot.take(acc[1])  # values before the first write: the replay's start
+                if self._validator is not None:
+                    entry = self.entries[-1] if self._custom is None else None
+                    self._validator.before_launch(entry, acc)
+
+    def insert(self, func: Callable, args: tuple) -> None:
+        """Taichi's Tape.insert: record a call of `func` (which must have .grad) by hand."""
+        self.entries.append(TapeEntry(func, tuple(args), kind="custom", opaque=True))
+
+    @contextlib.contextmanager
+    def custom_call(self, fn, args: tuple, kwargs: dict):
+        """A grad_replaced / no_grad function runs: one entry; its launches go into entry.inner."""
+        if self._custom is not None or not self.recording:
+            yield  # nested inside another custom call: part of that one
+            return
+        entry = TapeEntry(fn, tuple(args), dict(kwargs), kind="no_grad" if fn.no_grad else "custom")
+        self.entries.append(entry)
+        self._custom = entry
+        try:
+            yield
+        finally:
+            self._custom = None
+
+    @property
+    def calls(self) -> list[tuple[Any, tuple]]:
+        """(function, args) of every recorded entry, in launch order (Taichi's Tape.calls)."""
+        return [(e.fn, e.args) for e in self.entries]
+
+    # ---- the backward pass --------------------------------------------------------------------
+
+    def grad(self) -> None:
+        """Run the gradients of the recorded entries in reverse order. Called on exit when the
+        tape has a loss; call it yourself after the with block otherwise."""
+        if not self.entered:
+            raise WgpuAdError("tape.grad(): the tape was never entered; use it as `with ti.ad.Tape(...) as tape:`")
+        if self.recording:
+            raise WgpuAdError("tape.grad() runs the backward pass after the `with` block; call it after "
+                              "the block ends (with a loss, the tape does it for you on exit)")
+        if self.gradient_evaluated:
+            raise WgpuAdError("tape.grad(): the gradients of this tape were already computed; record a new "
+                              "tape to compute them again")
+        self.gradient_evaluated = True
+        check_flow(self.entries, self.loss)
+        if self._validator is not None:
+            self._validator.check()
+        else:
+            from .overwrite import check_overwrites
+            check_overwrites(self.entries)
+        if self.loss is not None:
+            self.loss.grad.fill(1)
+        prev = state.in_backward
+        state.in_backward = True
+        try:
+            for e in reversed(self.entries):
+                e.backward()
+        finally:
+            state.in_backward = prev
+        if self.grad_check:
+            from .gradcheck import check_recorded
+            self.grad_check_report = check_recorded(self, self.grad_check)
+
+    def replay(self) -> None:
+        """Run the recorded entries forward again, in order (not recorded anywhere)."""
+        prev = state.in_backward
+        state.in_backward = True
+        try:
+            for e in self.entries:
+                e.forward()
+        finally:
+            state.in_backward = prev
+
+
+def _float(s) -> bool:
+    return s.dtype.is_float and not s.is_grad
+
+
+def check_flow(entries: list[TapeEntry], loss) -> None:
+    """Refuse a backward pass that cannot produce the gradients the user expects, naming why."""
+    infos = []
+    for e in entries:
+        reads, writes, known = [], [], not e.opaque
+        for k, a in e.launches():
+            acc = _accesses(k, a)
+            if acc is None:
+                known = False
+                continue
+            reads += acc[0]
+            writes += acc[1]
+        infos.append((e, reads, writes, known))
+    if not all(known for *_, known in infos):
+        return  # kernels that cannot list their accesses: nothing to check against
+    if loss is not None and infos and not any(loss is w for _, _, ws, _ in infos for w in ws):
+        raise WgpuAdError(
+            f"ti.ad.Tape(loss=...): no kernel launched inside the tape writes the loss {describe(loss)}, so "
+            f"there is no gradient to propagate. Compute the loss in a kernel called inside the `with` "
+            f"block (Python-scope assignments such as {_n(loss)}[None] = ... are not recorded)")
+    # Fields computed on the tape from something with a gradient, but without one themselves.
+    dependent: dict[int, TapeEntry] = {}
+    for e, reads, writes, _ in infos:
+        if e.kind == "no_grad":
+            continue
+        if e.kind == "kernel" and any(w.needs_grad for w in writes):
+            for r in reads:
+                if _float(r) and not r.needs_grad and id(r) in dependent:
+                    src = dependent[id(r)]
+                    raise WgpuAdError(
+                        f"ti.ad.Tape: kernel '{e.name}' reads {describe(r)}, which '{src.name}' computed on "
+                        f"the tape from fields with gradients, but {quoted(r)} has no gradient: the gradient "
+                        f"stops there and everything before it would get zero. Create {quoted(r)} with "
+                        f"needs_grad=True (or call ti.root.lazy_grad() before creating the fields); if "
+                        f"stopping the gradient is intended, mark '{src.name}' with @ti.ad.no_grad")
+        carries = e.kind == "custom" or any(_float(r) and (r.needs_grad or id(r) in dependent) for r in reads)
+        if carries:
+            for w in writes:
+                if _float(w):
+                    dependent.setdefault(id(w), e)
+    active = [(e, reads) for e, reads, _, _ in infos if e.kind != "no_grad"]
+    if active and all(e.kind == "kernel" for e, _ in active):
+        if not any(_float(r) and r.needs_grad for _, reads in active for r in reads):
+            names = sorted({quoted(r) for _, reads in active for r in reads if _float(r)})
+            read = f"they read {', '.join(names)}" if names else "they read no float fields"
+            raise WgpuAdError(
+                f"ti.ad.Tape: none of the fields read by the kernels on the tape has a gradient ({read}), so "
+                f"the backward pass cannot compute any. Create the fields you want gradients of with "
+                f"needs_grad=True (or call ti.root.lazy_grad() before the tape)")
+
+
+def _n(s) -> str:
+    from .naming import name_of
+    return name_of(s) or "loss"

@@ -1,0 +1,208 @@
+"""ti.ad.Tape(validation=True): catch, before the backward pass, what makes the gradients of a
+tape silently wrong across kernels (the compiler checks the same rules within one kernel).
+
+A kernel's adjoint replays its forward computation with the field values as they are when the
+backward pass runs, i.e. after the whole tape, and reads the gradient of what it wrote. So:
+
+  rule #1: nothing a kernel read may be overwritten by a later kernel;
+  rule #2: an element a kernel wrote may later only be accumulated into (+=), not stored again:
+           the earlier kernel's adjoint would read the gradient of the new value.
+
+The tape knows fields, not single loads, so both are checked on values. For every kernel on
+the tape the contents of the fields it touches are copied before and after its launch. Rule #1:
+if an element of a field it read changed after it ran (other than elements it wrote itself),
+the kernel is launched again with those fields as they are now; different results mean it read
+a changed element (x[t + 1] = f(x[t]) over a time axis passes: what changed was not read).
+Rule #2: a kernel writing a field an earlier kernel wrote is launched again from its start with
+that field's values jittered; elements that come out the same were stored, not accumulated.
+The refusal names the kernels, the field, an element and what to do.
+
+Costs a copy of the touched fields per launch and some relaunches: a debugging aid. Calls of
+grad_replaced functions are not checked (their gradient is the user's).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import WgpuAdError
+from . import state
+from .naming import describe, name_of
+
+
+def _unique(storages) -> list:
+    out, seen = [], set()
+    for s in storages:
+        if id(s) not in seen:
+            seen.add(id(s))
+            out.append(s)
+    return out
+
+
+def _copy(storages) -> dict:
+    return {id(s): np.array(s.to_numpy(), copy=True) for s in storages}
+
+
+def _differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise 'not the same value' (NaN equals NaN)."""
+    same = a == b
+    if a.dtype.kind == "f":
+        same |= np.isnan(a) & np.isnan(b)
+    return ~same
+
+
+@dataclass
+class _Launch:
+    entry: object          # TapeEntry (kernel entries only) or None for launches not checked
+    name: str
+    position: int
+    reads: list
+    writes: list
+    before: dict | None = None
+    after: dict | None = None
+
+    @property
+    def touched(self) -> list:
+        return _unique(self.reads + self.writes)
+
+
+class Validator:
+    def __init__(self):
+        self.launches: list[_Launch] = []
+        self._pending: _Launch | None = None
+
+    def before_launch(self, entry, acc) -> None:
+        """A launch is about to run; entry is the tape's kernel entry, or None (inside a custom call)."""
+        self._finish_pending()
+        reads, writes = _unique(acc[0]), _unique(acc[1])
+        checked = entry is not None and entry.kind == "kernel"
+        name = getattr(entry.fn, "__name__", "?") if entry is not None else "a kernel in a grad_replaced function"
+        launch = _Launch(entry if checked else None, name, len(self.launches), reads, writes)
+        if checked:
+            launch.before = _copy(launch.touched)
+            self._pending = launch
+        self.launches.append(launch)
+
+    def finish(self) -> None:
+        self._finish_pending()
+
+    def _finish_pending(self) -> None:
+        p = self._pending
+        if p is not None:
+            p.after = _copy(p.touched)
+            self._pending = None
+
+    # ---- the check ----------------------------------------------------------------------------
+
+    def check(self) -> None:
+        checked = [k for k in self.launches if k.entry is not None and k.after is not None]
+        for k in checked:
+            self._check_launch(k)
+        for k in checked:
+            self._check_overwrite(k, [a for a in checked if a.position < k.position])
+
+    def _check_launch(self, k: _Launch) -> None:
+        final = _copy(k.touched)
+        wrote = {id(s): _differs(k.before[id(s)], k.after[id(s)]) for s in k.touched}
+        changed = []  # (field, mask of elements changed after k ran that k did not write)
+        for r in k.reads:
+            mask = _differs(k.after[id(r)], final[id(r)]) & ~wrote[id(r)]
+            if mask.any():
+                changed.append((r, mask))
+        if not changed or self._same_outputs(k, final, wrote):
+            return
+        r, mask = changed[0]
+        i = tuple(int(v) for v in np.argwhere(mask)[0])
+        n = name_of(r) or "x"
+        nd = len(r.shape)
+        where = (f"[{', '.join(map(str, i[:nd]))}]" if nd else "[None]") + \
+            (f"[{', '.join(map(str, i[nd:]))}]" if i[nd:] else "")
+        writers = [w.name for w in self.launches[k.position + 1:] if any(s is r for s in w.writes)]
+        by = f"kernel '{writers[0]}'" if writers else "a later Python-scope assignment"
+        others = "".join(f", {describe(s)}" for s, _ in changed[1:])
+        raise WgpuAdError(
+            f"ti.ad.Tape(validation=True): kernel '{k.name}' read {describe(r)}{others}, which {by} "
+            f"overwrote later on the tape ({n}{where} was {k.after[id(r)][i].item()!r} when '{k.name}' ran and is "
+            f"{final[id(r)][i].item()!r} now). The gradient of '{k.name}' would be computed from the new values and "
+            f"be silently wrong (global data access rule #1: once read, an element must not be "
+            f"overwritten). Write the new values to another field, or keep one copy per step "
+            f"({n}[t + 1] = f({n}[t]))")
+
+    def _same_outputs(self, k: _Launch, final: dict, wrote: dict) -> bool:
+        """Relaunch k on (its inputs now, its outputs as before it ran): same outputs as then?"""
+        read_ids = {id(s) for s in k.reads}
+        start = {}
+        for s in k.touched:
+            b = k.before[id(s)]
+            start[id(s)] = np.where(wrote[id(s)], b, final[id(s)]) if id(s) in read_ids else b
+            s.from_numpy(start[id(s)])
+        prev = state.in_backward
+        state.in_backward = True  # not recorded anywhere
+        try:
+            k.entry.forward()
+            again = _copy(k.writes)
+        finally:
+            state.in_backward = prev
+            for s in k.touched:
+                s.from_numpy(final[id(s)])
+        for s in k.writes:
+            # what k wrote then, over what it was started from now
+            a, b = np.where(wrote[id(s)], k.after[id(s)], start[id(s)]), again[id(s)]
+            if a.dtype.kind == "f":
+                scale = max(1.0, float(np.nanmax(np.abs(a))) if a.size else 1.0)
+                if not np.allclose(a, b, rtol=1e-5, atol=1e-6 * scale, equal_nan=True):
+                    return False
+            elif not np.array_equal(a, b):
+                return False
+        return True
+
+    # ---- rule #2: a stored element must not be stored again -----------------------------------
+
+    def _check_overwrite(self, k: _Launch, earlier: list) -> None:
+        """Does k store (not accumulate) to an element an earlier kernel wrote? The earlier
+        kernel's adjoint would then read the gradient that belongs to k's value."""
+        for f in k.writes:
+            if not f.dtype.is_float:
+                continue
+            prior = [a for a in earlier if any(w is f for w in a.writes)]
+            if not prior:
+                continue
+            written = {a.name: _differs(a.before[id(f)], a.after[id(f)]) for a in prior}
+            stored = self._stored_elements(k, f)
+            for name, mask in written.items():
+                both = stored & mask
+                if both.any():
+                    self._refuse_overwrite(k, f, name, tuple(int(v) for v in np.argwhere(both)[0]))
+
+    def _stored_elements(self, k: _Launch, f) -> np.ndarray:
+        """Elements of f whose value after k does not depend on their value before k: relaunch
+        k from its start with f's elements jittered; a stored element comes out the same."""
+        final = _copy(k.touched)
+        rng = np.random.default_rng(0)
+        before = k.before[id(f)].astype(np.float64)
+        jitter = rng.uniform(0.5, 1.5, before.shape) * rng.choice([-1.0, 1.0], before.shape)
+        moved = (before + 1e-2 * np.maximum(1.0, np.abs(before)) * jitter).astype(k.before[id(f)].dtype)
+        for s in k.touched:
+            s.from_numpy(moved if s is f else k.before[id(s)])
+        prev = state.in_backward
+        state.in_backward = True
+        try:
+            k.entry.forward()
+            again = np.array(f.to_numpy(), copy=True)
+        finally:
+            state.in_backward = prev
+            for s in k.touched:
+                s.from_numpy(final[id(s)])
+        return (again == k.after[id(f)]) & _differs(moved, k.after[id(f)])
+
+    def _refuse_overwrite(self, k: _Launch, f, first: str, i: tuple) -> None:
+        n = name_of(f) or "x"
+        nd = len(f.shape)
+        where = (f"[{', '.join(map(str, i[:nd]))}]" if nd else "[None]") + \
+            (f"[{', '.join(map(str, i[nd:]))}]" if i[nd:] else "")
+        raise WgpuAdError(
+            f"ti.ad.Tape(validation=True): kernel '{k.name}' stores to {n}{where}, which kernel '{first}' "
+            f"wrote earlier on the tape. The gradient of '{first}' would read the gradient of the new value "
+            f"and be silently wrong (global data access rule #2: after the first write, an element may only "
+            f"be accumulated into with +=). Store to another field (e.g. one per step), or accumulate")
