@@ -46,7 +46,7 @@ def main():
     x0 = np.stack([np.linspace(0.1, 0.1 + REST * (N - 1), N), np.full(N, 0.3)], 1).astype(np.float32)
     x.from_numpy(np.broadcast_to(x0, (STEPS + 1, N, 2)).copy())
     v0 = np.zeros((N, 2), np.float32)
-    lr = 0.05
+    lr = 0.4
     first = None
     for it in range(ITERS):
         vs = np.zeros((STEPS + 1, N, 2), np.float32)
