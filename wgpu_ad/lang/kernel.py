@@ -1,6 +1,7 @@
 """@ti.kernel and @ti.func: specialization, compilation (frontend -> passes -> WGSL) and launch."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import os
@@ -107,6 +108,9 @@ class _Compiled:
     resolvers: list                 # per buffer: callable(call args) -> wgpu buffer
     has_asserts: bool
     footprint: Any = None           # _static_footprint(ir), computed when a tape asks
+    stacks: list = dataclasses.field(default_factory=list)    # adjoints: stacks sized per launch
+    variants: dict = dataclasses.field(default_factory=dict)  # adjoints: stack sizes -> CompiledKernel
+    codegen: Any = None
 
 
 class Kernel:
@@ -183,24 +187,9 @@ class Kernel:
 
     # ---- compilation ------------------------------------------------------------------
     def _compile(self, specs, key, rt) -> _Compiled:
-        from ..codegen.wgsl import generate
         from ..frontend.kernel import lower_kernel
-        from ..passes.pipeline import optimize
-        from .launch import make_bounds, make_packer, make_resolvers
-        try:
-            kern = lower_kernel(self.fn, self.__name__, specs, self.ret_dtype, debug=rt.debug)
-            print_ir = os.environ.get("WGPU_AD_PRINT_IR", "") not in ("", "0") or getattr(rt, "print_ir", False)
-            kern = optimize(kern, print_ir=print_ir, verify=rt.debug or debug_enabled())
-            ck = generate(kern, float_atomics=rt.has_float_atomics, debug=rt.debug)
-        except CompileError as e:
-            if debug_enabled():
-                raise
-            raise e.with_traceback(None) from None
-        if getattr(rt, "print_wgsl", False) or os.environ.get("WGPU_AD_PRINT_WGSL", "") not in ("", "0"):
-            for t in ck.tasks:
-                print(t.wgsl)
-        return _Compiled(ck, kern, make_packer(kern, specs), [make_bounds(t) for t in kern.tasks],
-                         make_resolvers(ck, specs), bool(ck.asserts))
+        return _build(lambda: lower_kernel(self.fn, self.__name__, specs, self.ret_dtype, debug=rt.debug),
+                      specs, rt)
 
     def _get(self, args):
         rt = _get_runtime()
@@ -255,24 +244,8 @@ class Kernel:
         return g, specs, rt
 
     def _compile_grad(self, c, specs, rt, stack):
-        from ..codegen.wgsl import generate
         from ..passes.autodiff import reverse_kernel
-        from ..passes.pipeline import optimize
-        from .launch import make_bounds, make_packer, make_resolvers
-        try:
-            rev = reverse_kernel(c.ir, self._grad_source(specs), stack)
-            print_ir = os.environ.get("WGPU_AD_PRINT_IR", "") not in ("", "0") or getattr(rt, "print_ir", False)
-            rev = optimize(rev, print_ir=print_ir, verify=rt.debug or debug_enabled())
-            ck = generate(rev, float_atomics=rt.has_float_atomics, debug=rt.debug)
-        except CompileError as e:
-            if debug_enabled():
-                raise
-            raise e.with_traceback(None) from None
-        if getattr(rt, "print_wgsl", False) or os.environ.get("WGPU_AD_PRINT_WGSL", "") not in ("", "0"):
-            for t in ck.tasks:
-                print(t.wgsl)
-        return _Compiled(ck, rev, make_packer(rev, specs), [make_bounds(t) for t in rev.tasks],
-                         make_resolvers(ck, specs), bool(ck.asserts))
+        return _build(lambda: reverse_kernel(c.ir, self._grad_source(specs), stack), specs, rt)
 
     def footprint(self, *args) -> list[tuple]:
         """What this launch touches: (storage, kind, index) with kind 'load', 'store', 'add' (atomic
@@ -343,6 +316,30 @@ class Kernel:
         print(self.get_wgsl(*args))
 
 
+def _build(make_ir: Callable, specs, rt) -> _Compiled:
+    """IR (from make_ir) -> optimised IR -> WGSL -> everything a launch needs. Compile errors
+    show the user's source, not the compiler's frames (unless WGPU_AD_DEBUG_COMPILER=1)."""
+    from ..codegen.wgsl import generate
+    from ..passes.pipeline import optimize
+    from .launch import make_bounds, make_packer, make_resolvers
+    try:
+        ir = make_ir()
+        print_ir = os.environ.get("WGPU_AD_PRINT_IR", "") not in ("", "0") or getattr(rt, "print_ir", False)
+        ir = optimize(ir, print_ir=print_ir, verify=rt.debug or debug_enabled())
+        stacks = _launch_sized_stacks(ir)
+        codegen = lambda: generate(ir, float_atomics=rt.has_float_atomics, debug=rt.debug)  # noqa: E731
+        ck = codegen()
+    except CompileError as e:
+        if debug_enabled():
+            raise
+        raise e.with_traceback(None) from None
+    if getattr(rt, "print_wgsl", False) or os.environ.get("WGPU_AD_PRINT_WGSL", "") not in ("", "0"):
+        for t in ck.tasks:
+            print(t.wgsl)
+    return _Compiled(ck, ir, make_packer(ir, specs), [make_bounds(t) for t in ir.tasks],
+                     make_resolvers(ck, specs), bool(ck.asserts), stacks=stacks, codegen=codegen)
+
+
 class _GradLauncher:
     def __init__(self, k: Kernel):
         self.k = k
@@ -352,7 +349,41 @@ class _GradLauncher:
         if kwargs:
             args = k._bind_kwargs(args, kwargs)
         g, specs, rt = k._get_grad(args)
+        if g.stacks:
+            g = _sized_variant(g, args, rt)
         return launch(k, g, specs, args, rt)
+
+
+def _launch_sized_stacks(ir) -> list:
+    """(STACK_ALLOC, count function or None, default) for stacks sized at each launch."""
+    from ..ir.nodes import walk
+    from ..ir.ops import Op
+    from ..passes.autodiff.reverse import LaunchCapacity
+    from .launch import make_count
+    out = []
+    for t in ir.tasks:
+        for s in walk(t.body):
+            if s.op is Op.STACK_ALLOC and isinstance(s.attr, LaunchCapacity):
+                cap = s.attr
+                out.append((s, make_count(cap.begin, cap.end), cap.default))
+                s.attr = cap.default
+    return out
+
+
+def _sized_variant(g, args, rt):
+    """The adjoint compiled with stacks as deep as this launch's loops need (powers of two)."""
+    vals = g.pack.unpack(g.pack(args, _NoSeed()))
+    caps = []
+    for stk, count, default in g.stacks:
+        n = count(vals) if count is not None else None
+        caps.append(default if n is None else max(16, 1 << max(0, n - 1).bit_length()))
+    key = tuple(caps)
+    ck = g.variants.get(key)
+    if ck is None:
+        for (stk, _, _), cap in zip(g.stacks, caps):
+            stk.attr = cap
+        ck = g.variants[key] = g.codegen()
+    return dataclasses.replace(g, ck=ck)
 
 
 class _NoSeed:

@@ -101,6 +101,12 @@ def make_bounds(task: Task):
     bounds read fields (then the launch uses a fixed grid and the shader's grid-stride loop)."""
     if task.kind != "range":
         return lambda vals: 1
+    return make_count(task.begin, task.end)
+
+
+def make_count(begin: Stmt, end: Stmt):
+    """argvals -> max(0, end - begin) evaluated on the host, or None when the bounds depend on
+    anything but constants and kernel arguments."""
     stmts = {}
     ok = True
 
@@ -114,13 +120,11 @@ def make_bounds(task: Task):
         for a in s.args:
             collect(a)
         stmts[s.id] = s
-    collect(task.begin)
-    collect(task.end)
+    collect(begin)
+    collect(end)
     if not ok:
         return None
-    order = list(stmts.values())
-    order.sort(key=lambda s: s.id)
-    begin, end = task.begin, task.end
+    order = sorted(stmts.values(), key=lambda s: s.id)
 
     def count(vals):
         env = {}

@@ -357,7 +357,20 @@ def _breaks(loop: Stmt) -> bool:
     return has(loop.blocks[0])
 
 
-def _capacity(loop: Stmt, default: int) -> int:
+@dataclass
+class LaunchCapacity:
+    """A stack sized per launch: the loop's trip count from the launch's arguments (rounded up
+    to a power of two), or `default` (ti.init(ad_stack_size=...)) when the bounds read fields or
+    loop variables. The launcher sets the STACK_ALLOC's attr to an int before generating WGSL."""
+
+    begin: Stmt | None
+    end: Stmt | None
+    default: int
+
+
+def _capacity(loop: Stmt, default: int):
     if loop.op is Op.RANGE_FOR and all(a.op is Op.CONST for a in loop.args):
         return max(1, loop.args[1].attr - loop.args[0].attr)
+    if loop.op is Op.RANGE_FOR:
+        return LaunchCapacity(loop.args[0], loop.args[1], default)
     return default
