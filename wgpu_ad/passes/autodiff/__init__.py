@@ -12,7 +12,7 @@ from .demote import demote_atomics
 from .normalize import normalize_task
 from .reverse import AdjointEmitter
 
-DEFAULT_STACK_SIZE = 1024
+DEFAULT_STACK_SIZE = 32  # Taichi's default too; argument-bounded loops are sized per launch
 
 
 def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
@@ -38,11 +38,10 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
             g = Buffer(b.name + ".grad", b.dtype, src, grad=True)
             buffers.append(g)
         grads[id(b)] = g
-    for t in k.tasks:
-        normalize_task(t)
+    flags = {id(t): normalize_task(t) for t in k.tasks}
     tasks = []
     for t, orig in zip(reversed(k.tasks), reversed(kernel.tasks)):
-        nt = AdjointEmitter(k, grads, stack_size).task(t)
+        nt = AdjointEmitter(k, grads, stack_size, flags[id(t)]).task(t)
         demote_atomics(k, kernel, nt, orig)
         tasks.append(nt)
     return Kernel(k.name + "_grad", tasks, list(k.args), buffers, None, False, k.debug, k.loc)

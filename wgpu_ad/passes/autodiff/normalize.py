@@ -55,18 +55,21 @@ def _rewrite(block: Block, flags: _Flags) -> list[Stmt]:
     return out
 
 
-def normalize_block(block: Block) -> None:
-    """Normalize every loop inside `block` (recursively)."""
+def normalize_block(block: Block, flags: set) -> None:
+    """Normalize every loop inside `block` (recursively); adds the flag variables to `flags`
+    (they are false at the start of every iteration, so reverse mode never snapshots them)."""
     new = []
     for s in block.stmts:
         for x in s.blocks:
-            normalize_block(x)
+            normalize_block(x, flags)
         if s.op in (Op.RANGE_FOR, Op.WHILE) and _exits(s.blocks[0]):
             b = Builder(Block())
             b.loc = s.loc
             brk = b.alloca(u1, "brk")
+            flags.add(brk)
             b.store(brk, b.const(False, u1))
             cont = b.alloca(u1, "cont")
+            flags.add(cont)
             new.extend(b.block.stmts)
             body = s.blocks[0]
             head = Builder(Block())
@@ -82,10 +85,13 @@ def normalize_block(block: Block) -> None:
     block.stmts = new
 
 
-def normalize_task(task: Task) -> None:
-    normalize_block(task.body)
+def normalize_task(task: Task) -> set:
+    """Normalize a task in place; returns the flag variables it introduced."""
+    flags: set = set()
+    normalize_block(task.body, flags)
     if task.kind == "range" and _exits(task.body):
         b = Builder(Block())
         cont = b.alloca(u1, "cont")
         b.store(cont, b.const(False, u1))
         task.body.stmts = b.block.stmts + _rewrite(task.body, _Flags(None, cont))
+    return flags

@@ -23,7 +23,6 @@ from ...ir.nodes import ArgSlot, Block, Buffer, Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, GroupOp, Op
 from ...types import f32, i32, u1
 from .clone import clone_kernel
-from .normalize import normalize_task
 from .rules import RULES, ZERO
 
 
@@ -37,8 +36,9 @@ class Lazy:
 class AdjointEmitter:
     """Builds one adjoint task. `d.mul(...)` etc. emit at the current position."""
 
-    def __init__(self, kernel: Kernel, grads: dict[int, Buffer], stack_size: int):
+    def __init__(self, kernel: Kernel, grads: dict[int, Buffer], stack_size: int, flags: set = frozenset()):
         self.kernel = kernel
+        self.flags = flags              # break/continue flag variables (normalize.py)
         self.grads = grads              # id(primal Buffer) -> gradient Buffer
         self.stack_size = stack_size
         self.b = Builder()
@@ -50,6 +50,7 @@ class AdjointEmitter:
         self.loop_kinds: list[str] = []      # 'clone' | 'reverse', innermost last
         self.stack_allocs: list[Stmt] = []
         self.carried: dict[int, list] = {}
+        self.loop_flags: dict[int, list] = {}
         self.active: set[int] = set()
         # values replayed inside an `if` are out of scope in the reverse `if`: they are copied
         # into variables declared at the replay root (the task body, or a reverse loop's body)
@@ -124,7 +125,8 @@ class AdjointEmitter:
                     changed = True
         for s in stmts:
             if s.op in (Op.RANGE_FOR, Op.WHILE):
-                self.carried[id(s)] = _carried(s)
+                self.carried[id(s)] = _carried(s, self.flags)
+                self.loop_flags[id(s)] = [a for a in _carried(s, frozenset()) if a in self.flags]
 
     # ---- forward replay ------------------------------------------------------------------
     def at_root(self, op: Op, dtype, name: str) -> Stmt:
@@ -296,6 +298,8 @@ class AdjointEmitter:
                 self.index_of[id(s)] = j
             for a, stk in reversed(self.stacks[id(s)]):
                 b.store(self.pm[id(a)], b.emit(Op.STACK_POP, [stk], a.dtype))
+            for f in self.loop_flags[id(s)]:  # every iteration that ran started with them false
+                b.store(self.pm[id(f)], b.const(False, u1))
             self.loop_kinds.append("reverse")
             saved = self.root, self.in_branch
             self.root, self.in_branch = r.blocks[0], 0
@@ -333,10 +337,11 @@ class AdjointEmitter:
         return nt
 
 
-def _carried(loop: Stmt) -> list[Stmt]:
-    """Variables defined outside `loop` and stored inside it (its loop-carried state)."""
+def _carried(loop: Stmt, flags: set) -> list[Stmt]:
+    """Variables defined outside `loop` and stored inside it (its loop-carried state), less the
+    break/continue flags, which are false at the start of every iteration."""
     inside = {id(s) for s in walk(loop.blocks[0])}
-    out, seen = [], set()
+    out, seen = [], {id(f) for f in flags}
     for s in walk(loop.blocks[0]):
         if s.op is Op.LOCAL_STORE:
             a = s.args[0]
