@@ -365,3 +365,45 @@ def test_tape_accepts_step_indexed_state_and_matches_central_differences():
                 v = v + 0.1 * np.sin(v)
             return v ** 2
         assert x.grad[0] == pytest.approx(central_diff(f, np.array([x0]))[0], rel=1e-4)
+
+
+def test_ndarray_arguments_are_differentiable():
+    """Seed 002: a kernel with ndarray arguments, its gradient through kernel.grad."""
+    n = 16
+
+    @ti.kernel
+    def energy(x: ti.types.ndarray(), w: ti.types.ndarray(), out: ti.types.ndarray()):
+        for i in range(x.shape[0]):
+            out[i] = w[i] * ti.sin(x[i]) ** 2
+
+    x = ti.ndarray(ti.f32, shape=n, needs_grad=True)
+    w = ti.ndarray(ti.f32, shape=n, needs_grad=True)
+    out = ti.ndarray(ti.f32, shape=n, needs_grad=True)
+    rng = np.random.default_rng(7)
+    xv, wv = rng.uniform(-2, 2, n).astype(np.float32), rng.uniform(0.5, 1.5, n).astype(np.float32)
+    seed = rng.uniform(-1, 1, n).astype(np.float32)
+    x.from_numpy(xv)
+    w.from_numpy(wv)
+    energy(x, w, out)
+    out.grad.from_numpy(seed)
+    energy.grad(x, w, out)
+    x64, w64 = xv.astype(np.float64), wv.astype(np.float64)
+    np.testing.assert_allclose(out.to_numpy(), w64 * np.sin(x64) ** 2, rtol=1e-5)
+    np.testing.assert_allclose(x.grad.to_numpy(), seed * w64 * 2 * np.sin(x64) * np.cos(x64), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(w.grad.to_numpy(), seed * np.sin(x64) ** 2, rtol=1e-4, atol=1e-6)
+
+
+def test_no_grad_kernel_has_no_gradient():
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    y = ti.field(ti.f32, shape=4, needs_grad=True)
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def copy():
+        for i in x:
+            y[i] = x[i]
+
+    copy()
+    y.grad.fill(1.0)
+    copy.grad()
+    assert x.grad.to_numpy().tolist() == [0.0] * 4

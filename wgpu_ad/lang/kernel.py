@@ -346,6 +346,8 @@ class _GradLauncher:
 
     def __call__(self, *args, **kwargs):
         k = self.k
+        if k._no_grad:
+            return None  # @ti.ad.no_grad: the kernel has no gradient (Taichi's behaviour)
         if kwargs:
             args = k._bind_kwargs(args, kwargs)
         g, specs, rt = k._get_grad(args)
