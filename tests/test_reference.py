@@ -97,3 +97,28 @@ def test_float_atomics_both_paths_million_way(emulated):
     assert s[None] == float(n)
     np.testing.assert_array_equal(h.to_numpy(), [-n / 8] * 4)
     assert ("atomicCompareExchangeWeak" in k.get_wgsl()) is emulated
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+def test_accumulation_into_one_element_is_prereduced_and_accurate(emulated):
+    ti.init(arch=ti.cpu, force_emulated_atomics=emulated)
+    n = 1 << 20
+    x = ti.field(ti.f32, shape=n)
+    total = ti.field(ti.f32, shape=())
+    count = ti.field(ti.i32, shape=())
+
+    @ti.kernel
+    def reduce(scale: ti.f32):
+        for i in x:
+            total[None] += x[i] * x[i] * scale
+            if x[i] > 0.5:
+                count[None] += 1
+
+    xv = np.random.default_rng(0).random(n).astype(np.float32)
+    x.from_numpy(xv)
+    reduce(2.0)
+    ref = 2.0 * (xv.astype(np.float64) ** 2).sum()
+    # a workgroup tree sum then one atomic per workgroup: float32 error stays near rounding
+    assert abs(total[None] - ref) <= 2e-6 * ref
+    assert count[None] == int((xv > 0.5).sum())
+    assert "workgroupBarrier" in reduce.get_wgsl(2.0)

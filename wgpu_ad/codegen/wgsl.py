@@ -93,6 +93,7 @@ class TaskEmitter:
         self.uses: dict[int, BufferUse] = {}
         self.uses_args = self.uses_random = self.has_return = self.has_assert = self.uses_f16 = False
         self.stacks: list[Stmt] = []   # autodiff stacks, declared once at the top of main
+        self.wg_sums: list[Stmt] = []  # workgroup sums of the epilogue (shared memory arrays)
         self._scan()
         self.mod_names = Namer(_fixed_names())
         self.buf_name = {id(b): self.mod_names.fresh(b.name, "buf")
@@ -106,6 +107,7 @@ class TaskEmitter:
             if self.buf_mode.get(id(b)) == "cas":
                 for kind in sorted(self.uses[id(b)].atomics, key=lambda k: k.value):
                     self.cas_helpers[(id(b), kind)] = self.mod_names.fresh(f"atomic_{kind.value}_{self.buf_name[id(b)]}")
+        self.wg_arrays = {id(x): self.mod_names.fresh(f"partial_sums{k}") for k, x in enumerate(self.wg_sums)}
         self.names = Namer(self.mod_names.taken)   # main's locals; module names stay visible
         self.value: dict[int, str] = {}            # stmt id -> WGSL name of its value
         self.loop_var: dict[int, str] = {}         # id(Task or RANGE_FOR stmt) -> loop variable
@@ -128,6 +130,8 @@ class TaskEmitter:
                 self.has_assert = True  # stack overflow reports through the error buffer too
             elif s.op is Op.STACK_ALLOC:
                 self.stacks.append(s)
+            elif s.op is Op.WG_SUM:
+                self.wg_sums.append(s)
             elif s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC):
                 buf = s.attr[1] if s.op is Op.ATOMIC else s.attr
                 use = self.uses.setdefault(id(buf), BufferUse())
@@ -269,6 +273,10 @@ class TaskEmitter:
         elif op is Op.ASSERT:
             if self.opts.debug:
                 self.assert_(s, d)
+        elif op is Op.WG_SUM:
+            self.wg_sum(s, d)
+        elif op is Op.WG_LEADER:
+            self.let(s, "lid == 0u", d)
         elif op is Op.STACK_ALLOC:
             self.line(d, f"{self.value[id(s)]}_top = 0i;")
         elif op is Op.STACK_PUSH:
@@ -286,6 +294,20 @@ class TaskEmitter:
             self.let(s, f"{stk}[{stk}_top]", d)
         else:
             _fail(s, f"no WGSL for op {op.name}")
+
+    def wg_sum(self, s: Stmt, d: int) -> None:
+        """Tree sum over the workgroup in shared memory (every thread gets the total)."""
+        arr = self.wg_arrays[id(s)]
+        p2 = 1 << (self.wg - 1).bit_length()
+        self.line(d, f"{arr}[lid] = {self.ref(s.args[0])};")
+        self.line(d, "workgroupBarrier();")
+        self.line(d, f"for (var step = {p2 // 2}u; step > 0u; step = step >> 1u) {{")
+        self.line(d + 1, f"if lid < step && lid + step < {self.wg}u {{")
+        self.line(d + 2, f"{arr}[lid] = {arr}[lid] + {arr}[lid + step];")
+        self.line(d + 1, "}")
+        self.line(d + 1, "workgroupBarrier();")
+        self.line(d, "}")
+        self.let(s, f"{arr}[0]", d)
 
     def declare_stacks(self) -> None:
         """Autodiff stacks live for the whole invocation (not re-zeroed per iteration)."""
@@ -395,6 +417,9 @@ class TaskEmitter:
             self.line(2, f"rng_seed({self.seed_expr()}, u32({var}), {2 * self.task_index + 1}u);")
         self.block(t.body, 2)
         self.line(1, "}")
+        if t.epilogue.stmts:
+            self.line(1, "// epilogue: one atomic per workgroup")
+            self.block(t.epilogue, 1)
         self.line(0, "}")
         return self.lines
 
@@ -442,6 +467,8 @@ class TaskEmitter:
             bind("ret", f"var<storage, read_write> {RET_VAR}: array<{self.ret_store_dtype.wgsl}>;")
         if self.has_assert:
             bind("error", f"var<storage, read_write> {ERR_VAR}: array<atomic<u32>>;")
+        for s in self.wg_sums:
+            head.append(f"var<workgroup> {self.wg_arrays[id(s)]}: array<{s.dtype.wgsl}, {self.wg}>;")
         helpers = self._helpers("\n".join(body))
         return "\n".join(head + [""] + helpers + body) + "\n", bindings
 

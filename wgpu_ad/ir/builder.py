@@ -13,7 +13,7 @@ from .ops import GroupOp, Op
 def result_dtype(op: Op, args: list[Stmt], dtype: DType | None) -> DType | None:
     if dtype is not None:
         return dtype
-    if op in GroupOp.Comparison or op in (Op.AND, Op.OR, Op.NOT):
+    if op in GroupOp.Comparison or op in (Op.AND, Op.OR, Op.NOT, Op.WG_LEADER):
         return u1
     if op is Op.SELECT:
         return args[1].dtype

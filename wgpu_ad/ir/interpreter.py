@@ -149,12 +149,14 @@ class _TaskCompiler:
         lo, hi = self.use(task.begin, task.begin), self.use(task.end, task.end)
         ix = self.index_slot(task)
         body = self.block(task.body)
+        epilogue = self.block(task.epilogue)
 
         def run_range():
             _run(bounds)
             for i in range(int(v[lo]), int(v[hi])):
                 v[ix] = np.int32(i)
                 _run(body)  # break is not allowed here; continue ends the iteration
+            _run(epilogue)  # one thread ran every iteration: it is the whole "workgroup"
         return run_range
 
     def block(self, block: Block) -> tuple:
@@ -321,6 +323,17 @@ class _TaskCompiler:
             v[o] = stack.pop()
         return run
 
+    def wg_sum(self, s: Stmt):
+        # the interpreter is one thread, so the workgroup sum is its own value
+        return self.local_load(s)
+
+    def wg_leader(self, s: Stmt):
+        v, o = self.v, self.define(s)
+
+        def run():
+            v[o] = np.bool_(True)
+        return run
+
     def if_(self, s: Stmt):
         v, c = self.v, self.use(s.args[0], s)
         then, other = self.block(s.blocks[0]), self.block(s.blocks[1]) if len(s.blocks) > 1 else ()
@@ -399,6 +412,7 @@ _HANDLERS: dict[Op, Callable] = {
     Op.WHILE: _TaskCompiler.while_, Op.BREAK: _TaskCompiler.break_,
     Op.CONTINUE: _TaskCompiler.continue_, Op.RETURN: _TaskCompiler.return_,
     Op.ASSERT: _TaskCompiler.assert_,
+    Op.WG_SUM: _TaskCompiler.wg_sum, Op.WG_LEADER: _TaskCompiler.wg_leader,
 }
 # ops added to the IR after this table (autodiff stacks) are handled when ops.py defines them
 for _name, _fn in (("STACK_ALLOC", _TaskCompiler.stack_alloc), ("STACK_PUSH", _TaskCompiler.stack_push),

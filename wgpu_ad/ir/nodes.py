@@ -86,6 +86,9 @@ class Task:
     end: Stmt | None = None
     block_dim: int | None = None   # workgroup size; None = chosen by the backend
     name: str = ""
+    # runs after the parallel loop in every thread, in uniform control flow (range tasks; made by
+    # passes/prereduce.py just before code generation)
+    epilogue: Block = field(default_factory=Block)
 
 
 @dataclass(eq=False)
@@ -113,3 +116,4 @@ def walk(block: Block) -> Iterator[Stmt]:
 def walk_task(task: Task) -> Iterator[Stmt]:
     yield from walk(task.bounds)
     yield from walk(task.body)
+    yield from walk(task.epilogue)

@@ -48,6 +48,8 @@ class Op(Enum):
     STACK_ALLOC = auto()  # a thread-local stack of stmt.dtype; attr: capacity (int); autodiff only
     STACK_PUSH = auto()   # args: stack, value; overflow is reported through the error buffer
     STACK_POP = auto()    # args: stack; result: the popped value
+    WG_SUM = auto()       # args: value; the sum over the workgroup (task epilogues only, uniform control flow)
+    WG_LEADER = auto()    # u1: true in one thread of each workgroup (task epilogues only)
 
     # control flow (nested blocks)
     IF = auto()           # args: cond; blocks: then, else
@@ -85,7 +87,7 @@ class GroupOp:
                          Op.ASSERT})
     # ops with effects: never CSE'd, never removed as dead code
     SideEffect = frozenset({Op.LOCAL_STORE, Op.GLOBAL_STORE, Op.ATOMIC, Op.RANDOM, Op.STACK_ALLOC,
-                            Op.STACK_PUSH, Op.STACK_POP}) | Control
+                            Op.STACK_PUSH, Op.STACK_POP, Op.WG_SUM, Op.WG_LEADER}) | Control
     # gradient stops here (integer- or boolean-valued, or piecewise constant)
     NotDifferentiable = frozenset({Op.SIGN, Op.FLOOR, Op.CEIL, Op.ROUND, Op.NOT, Op.BIT_NOT,
                                    Op.BITCAST, Op.FLOORDIV, Op.BIT_AND, Op.BIT_OR, Op.BIT_XOR,

@@ -54,6 +54,9 @@ def format_kernel(kernel: Kernel) -> str:
                 out.extend(format_block(t.bounds, 3))
             out.append("    body:")
             out.extend(format_block(t.body, 3))
+            if t.epilogue.stmts:
+                out.append("    epilogue:")
+                out.extend(format_block(t.epilogue, 3))
         else:
             out.append(f"  task {t.name} serial:")
             out.extend(format_block(t.body, 2))

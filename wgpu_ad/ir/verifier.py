@@ -75,3 +75,4 @@ def verify(kernel: Kernel) -> None:
             if t.begin is None or t.end is None or id(t.begin) not in defined | {id(s) for s in t.bounds.stmts} :
                 raise VerifyError(f"range task {t.name} has no bounds defined in its bounds block")
         check_block(t.body, defined, [], t)
+        check_block(t.epilogue, defined, [], t)

@@ -320,14 +320,17 @@ def _build(make_ir: Callable, specs, rt) -> _Compiled:
     """IR (from make_ir) -> optimised IR -> WGSL -> everything a launch needs. Compile errors
     show the user's source, not the compiler's frames (unless WGPU_AD_DEBUG_COMPILER=1)."""
     from ..codegen.wgsl import generate
+    from ..ir.clone import clone_kernel
     from ..passes.pipeline import optimize
+    from ..passes.prereduce import prereduce
     from .launch import make_bounds, make_packer, make_resolvers
     try:
         ir = make_ir()
         print_ir = os.environ.get("WGPU_AD_PRINT_IR", "") not in ("", "0") or getattr(rt, "print_ir", False)
         ir = optimize(ir, print_ir=print_ir, verify=rt.debug or debug_enabled())
         stacks = _launch_sized_stacks(ir)
-        codegen = lambda: generate(ir, float_atomics=rt.has_float_atomics, debug=rt.debug)  # noqa: E731
+        codegen = lambda: generate(prereduce(clone_kernel(ir)), float_atomics=rt.has_float_atomics,  # noqa: E731
+                                   debug=rt.debug)
         ck = codegen()
     except CompileError as e:
         if debug_enabled():

@@ -7,7 +7,7 @@ from typing import Callable
 
 from ...ir.nodes import Buffer, Kernel
 from .checks import check_differentiable
-from .clone import clone_kernel
+from ...ir.clone import clone_kernel
 from .demote import demote_atomics
 from .normalize import normalize_task
 from .reverse import AdjointEmitter

@@ -22,7 +22,7 @@ from ...ir.builder import Builder
 from ...ir.nodes import ArgSlot, Block, Buffer, Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, GroupOp, Op
 from ...types import f32, i32, u1
-from .clone import clone_kernel
+from ...ir.clone import clone_kernel
 from .rules import RULES, ZERO
 
 

@@ -1,7 +1,7 @@
 """Deep copies of IR kernels (the adjoint is built from a private copy of the forward IR)."""
 from __future__ import annotations
 
-from ...ir.nodes import Block, Kernel, Stmt, Task
+from .nodes import Block, Kernel, Stmt, Task
 
 
 def clone_kernel(kernel: Kernel) -> Kernel:
@@ -12,6 +12,7 @@ def clone_kernel(kernel: Kernel) -> Kernel:
         m[id(t)] = nt
         nt.bounds = _clone_block(t.bounds, m)
         nt.body = _clone_block(t.body, m)
+        nt.epilogue = _clone_block(t.epilogue, m)
         nt.begin = m.get(id(t.begin)) if t.begin is not None else None
         nt.end = m.get(id(t.end)) if t.end is not None else None
         tasks.append(nt)
