@@ -4,19 +4,9 @@ import numpy as np
 import pytest
 
 import wgpu_ad as ti
+from ad_util import central_diff
 
 pytestmark = pytest.mark.gpu
-
-
-def central_diff(f, x0: np.ndarray, h: float = 1e-6) -> np.ndarray:
-    x0 = x0.astype(np.float64)
-    g = np.zeros_like(x0)
-    for k in np.ndindex(x0.shape):
-        xp, xm = x0.copy(), x0.copy()
-        xp[k] += h
-        xm[k] -= h
-        g[k] = (f(xp) - f(xm)) / (2 * h)
-    return g
 
 
 def test_guide_sin():
