@@ -30,6 +30,7 @@ NATIVE_F32_ATOMICS = frozenset({AtomicKind.ADD, AtomicKind.SUB})
 
 # module-scope names of the generated code; user names never take them
 ARGS_VAR, ARGS_STRUCT, ERR_VAR, RET_VAR = "args", "Args", "error_words", "ret_value"
+STACK_VAR = "ad_stacks"  # the runtime's scratch buffer for autodiff stacks
 RNG_NAMES = ("rng_state", "rng_permute", "rng_hash", "rng_seed", "rand_u32", "rand_f32")
 MAIN_LOCALS = ("wg_id", "n_wg", "lid", "thread_id", "num_threads", "range_begin", "range_end",
                "range_count", "iter")
@@ -37,7 +38,7 @@ MAIN_LOCALS = ("wg_id", "n_wg", "lid", "thread_id", "num_threads", "range_begin"
 
 @lru_cache(maxsize=1)
 def _fixed_names() -> frozenset[str]:
-    names = {"main", ARGS_VAR, ARGS_STRUCT, ERR_VAR, RET_VAR, "report_error", *RNG_NAMES,
+    names = {"main", ARGS_VAR, ARGS_STRUCT, ERR_VAR, RET_VAR, STACK_VAR, "stack_base", "report_error", *RNG_NAMES,
              *MATH_HELPERS, *MAIN_LOCALS}
     # helpers that name a buffer variable must not have it shadowed by one of their locals
     for file in ("atomics", "assert"):
@@ -93,6 +94,8 @@ class TaskEmitter:
         self.uses: dict[int, BufferUse] = {}
         self.uses_args = self.uses_random = self.has_return = self.has_assert = self.uses_f16 = False
         self.stacks: list[Stmt] = []   # autodiff stacks, declared once at the top of main
+        self.stack_offset: dict[int, int] = {}
+        self.stack_words = 0           # scratch words per thread for the stacks
         self.wg_sums: list[Stmt] = []  # workgroup sums of the epilogue (shared memory arrays)
         self._scan()
         self.mod_names = Namer(_fixed_names())
@@ -286,12 +289,12 @@ class TaskEmitter:
             self.line(d + 1, f"report_error({self.assert_codes[id(s)]}u);")
             self.line(d + 1, "return;  // this thread stops; the launcher raises the error")
             self.line(d, "}")
-            self.line(d, f"{stk}[{stk}_top] = {self.ref(s.args[1])};")
+            self.line(d, f"{self.stack_slot(s.args[0])} = {_bits(self.ref(s.args[1]), s.args[1].dtype)};")
             self.line(d, f"{stk}_top += 1i;")
         elif op is Op.STACK_POP:
             stk = self.value[id(s.args[0])]
             self.line(d, f"{stk}_top -= 1i;")
-            self.let(s, f"{stk}[{stk}_top]", d)
+            self.let(s, _from_bits(self.stack_slot(s.args[0]), s.dtype), d)
         else:
             _fail(s, f"no WGSL for op {op.name}")
 
@@ -310,12 +313,24 @@ class TaskEmitter:
         self.let(s, f"{arr}[0]", d)
 
     def declare_stacks(self) -> None:
-        """Autodiff stacks live for the whole invocation (not re-zeroed per iteration)."""
+        """Autodiff stacks live in the runtime's scratch buffer, one slice of stack_words words per
+        thread (private arrays would make some drivers' shader compile time grow with their size)."""
+        if not self.stacks:
+            return
+        offset = 0
         for stk in self.stacks:
             name = self.names.fresh(stk.name or "stack")
             self.value[id(stk)] = name
-            self.line(1, f"var {name}: array<{stk.dtype.wgsl}, {stk.attr}>;")
+            self.stack_offset[id(stk)] = offset
+            offset += int(stk.attr)
             self.line(1, f"var {name}_top: i32 = 0i;")
+        self.stack_words = offset
+        slot = "0u" if self.serial else "thread_id"
+        self.line(1, f"let stack_base = {slot} * {offset}u;")
+
+    def stack_slot(self, stk: Stmt) -> str:
+        name = self.value[id(stk)]
+        return f"{STACK_VAR}[stack_base + {self.stack_offset[id(stk)]}u + u32({name}_top)]"
 
     def range_for(self, s: Stmt, d: int) -> None:
         hint = s.name or next((x.name for x in walk(s.blocks[0])
@@ -467,6 +482,8 @@ class TaskEmitter:
             bind("ret", f"var<storage, read_write> {RET_VAR}: array<{self.ret_store_dtype.wgsl}>;")
         if self.has_assert:
             bind("error", f"var<storage, read_write> {ERR_VAR}: array<atomic<u32>>;")
+        if self.stacks:
+            bind("stack", f"var<storage, read_write> {STACK_VAR}: array<u32>;  // autodiff stacks")
         for s in self.wg_sums:
             head.append(f"var<workgroup> {self.wg_arrays[id(s)]}: array<{s.dtype.wgsl}, {self.wg}>;")
         helpers = self._helpers("\n".join(body))
@@ -491,6 +508,17 @@ class TaskEmitter:
 def _word_dtype(dt: DType) -> DType:
     """The 4-byte type that carries dt in a uniform or return word (bool as u32, f16 as f32)."""
     return {u1: u32, f16: f32}.get(dt, dt)
+
+
+def _from_bits(expr: str, dt: DType) -> str:
+    """The inverse of _bits."""
+    if dt == u32:
+        return expr
+    if dt == u1:
+        return f"({expr} != 0u)"
+    if dt == f16:
+        return f"f16(bitcast<f32>({expr}))"
+    return f"bitcast<{dt.wgsl}>({expr})"
 
 
 def _bits(expr: str, dt: DType) -> str:
@@ -547,7 +575,8 @@ def generate(kernel: Kernel, *, float_atomics: bool, debug: bool,
         em = TaskEmitter(kernel, task, k, opts, codes)
         wgsl, bindings = em.module()
         tasks.append(CompiledTask(name=task.name or f"{kernel.name}_t{k}", wgsl=wgsl, entry_point="main",
-                                  workgroup_size=em.wg, bindings=bindings, serial=em.serial))
+                                  workgroup_size=em.wg, bindings=bindings, serial=em.serial,
+                                  stack_words=em.stack_words))
     return CompiledKernel(name=kernel.name, tasks=tasks, arg_words=arg_words(kernel),
                           buffer_sources=[b.source for b in kernel.buffers], ret_dtype=kernel.ret,
                           asserts=table)

@@ -177,6 +177,9 @@ def launch(kobj, c, specs, args, rt):
                 if n <= 0:
                     continue
                 wg = min(-(-n // task.workgroup_size), rt.max_workgroups)
+            if task.stack_words:  # every thread needs its own stack slice: bound the grid
+                per_wg = task.stack_words * 4 * task.workgroup_size
+                wg = max(1, min(wg, rt.max_scratch_bytes // per_wg))
         rt.launch(ck, ti, buffers, packed, wg)
     if c.has_asserts:  # debug-mode asserts, or autodiff stack overflow checks
         rt.check_errors(ck)

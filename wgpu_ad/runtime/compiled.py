@@ -6,7 +6,9 @@ group 0. The runtime binds, for each BindingSpec:
                   bound with a dynamic offset so many launches share one uniform buffer;
   kind 'buffer' : the storage buffer of CompiledKernel.buffer_sources[key];
   kind 'error'  : the runtime's error buffer (array<atomic<u32>>, ERROR_WORDS words);
-  kind 'ret'    : the kernel's return-value buffer (one 4-byte word).
+  kind 'ret'    : the kernel's return-value buffer (one 4-byte word);
+  kind 'stack'  : the runtime's scratch buffer for autodiff stacks: CompiledTask.stack_words
+                  u32 words per thread (thread = global invocation index; serial tasks use one).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ ERROR_WORDS = 16
 @dataclass(frozen=True)
 class BindingSpec:
     binding: int
-    kind: str            # 'args' | 'buffer' | 'error' | 'ret'
+    kind: str            # 'args' | 'buffer' | 'error' | 'ret' | 'stack'
     key: int = -1        # for 'buffer': index into CompiledKernel.buffer_sources
     read_only: bool = False
 
@@ -33,6 +35,7 @@ class CompiledTask:
     workgroup_size: int
     bindings: list[BindingSpec]
     serial: bool         # True: dispatch exactly one workgroup (the shader runs on thread 0 only)
+    stack_words: int = 0  # scratch words per thread for autodiff stacks (binding kind 'stack')
 
 
 @dataclass

@@ -47,6 +47,9 @@ class Runtime:
         self.limits: dict[str, int] = dict(self.device.limits)
         self.debug = bool(debug)
         self.readback_count = 0  # buffer read-backs to the CPU (read / read_view)
+        self._stack_buf = None    # scratch for autodiff stacks (see _scratch)
+        self.max_scratch_bytes = min(self.limits.get("max-storage-buffer-binding-size", 1 << 27),
+                                     self.limits.get("max-buffer-size", 1 << 28), 1 << 28)
         self.force_emulated_atomics = bool(force_emulated_atomics)
         self.has_float_atomics = "shader-float32-atomic" in self.features and not force_emulated_atomics
         self.has_f16 = "shader-f16" in self.features
@@ -199,6 +202,10 @@ class Runtime:
         tp = self._pipelines.kernel(ck).tasks[task_index]
         ret = self.ret_buffer if ret_buffer is None else ret_buffer
         key = (*map(id, buffers), id(ret))
+        words = tp.task.stack_words
+        if words:
+            threads = 1 if tp.serial else workgroups * tp.task.workgroup_size
+            key = (*key, id(self._scratch(threads * words * 4, ck.name)))
         hit = tp.bind_groups.get(key)
         bg = hit[0] if hit is not None else self._new_bind_group(ck, tp, key, buffers, ret)
 
@@ -242,8 +249,19 @@ class Runtime:
                 except IndexError:
                     raise GpuError(f"kernel '{ck.name}': binding wants buffer #{k} but the launch gave "
                                    f"{len(buffers)} buffers (compiler bug)") from None
-            return {"args": self._ubuf, "error": self.error_buffer, "ret": ret}[kind]
+            return {"args": self._ubuf, "error": self.error_buffer, "ret": ret, "stack": self._stack_buf}[kind]
         return self._pipelines.bind_group(ck.name, tp, key, resolve)
+
+    def _scratch(self, nbytes: int, kernel: str):
+        """The scratch buffer for autodiff stacks, grown (to a power of two) to at least nbytes."""
+        if nbytes > self.max_scratch_bytes:
+            raise GpuError(f"kernel '{kernel}': its autodiff stacks need {nbytes} bytes of scratch memory, more "
+                           f"than this adapter's largest storage binding ({self.max_scratch_bytes} bytes); lower "
+                           f"ti.init(ad_stack_size=...) or shorten the loops")
+        if self._stack_buf is None or self._stack_buf.size < nbytes:
+            size = max(1 << 16, 1 << (nbytes - 1).bit_length())
+            self._stack_buf = self.create_storage(min(size, self.max_scratch_bytes), "wgpu_ad.ad_stacks")
+        return self._stack_buf
 
     def next_seed(self) -> int:
         """A fresh u32 seed for a kernel's RANDOM ops, reproducible from random_seed (splitmix32)."""

@@ -94,7 +94,7 @@ class PipelineCache:
                 buf = {"type": wgpu.BufferBindingType.uniform, "has_dynamic_offset": True}
             elif b.kind == "buffer" and b.read_only:
                 buf = {"type": wgpu.BufferBindingType.read_only_storage}
-            elif b.kind in ("buffer", "error", "ret"):
+            elif b.kind in ("buffer", "error", "ret", "stack"):
                 buf = {"type": wgpu.BufferBindingType.storage}
             else:
                 raise GpuError(f"kernel '{kernel}': unknown binding kind {b.kind!r} (compiler bug)")

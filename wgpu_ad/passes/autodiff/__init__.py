@@ -12,7 +12,7 @@ from .demote import demote_atomics
 from .normalize import normalize_task
 from .reverse import AdjointEmitter
 
-DEFAULT_STACK_SIZE = 32  # Taichi's default too; argument-bounded loops are sized per launch
+DEFAULT_STACK_SIZE = 256  # loops bounded by constants or arguments are sized exactly or per launch
 
 
 def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
