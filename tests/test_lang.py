@@ -391,3 +391,20 @@ def test_casts_and_loop_config():
     k()
     np.testing.assert_array_equal(f.to_numpy(), [int(i * 0.75) - 2 for i in range(16)])
     np.testing.assert_allclose(g.to_numpy(), np.cumsum(np.arange(16) / 2))
+
+
+def test_python_scope_vectors_are_kernel_constants():
+    x = ti.Vector.field(3, ti.f32, shape=4)
+    C = ti.Vector([0.0, 0.3, 0.0])
+    M = ti.Matrix([[1.0, 2.0], [3.0, 4.0]])
+    out = ti.Vector.field(2, ti.f32, shape=4)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            x[i] = x[i] - C
+            out[i] = M @ ti.Vector([1.0, float(i)])
+
+    k()
+    np.testing.assert_allclose(x.to_numpy(), np.tile([0.0, -0.3, 0.0], (4, 1)), rtol=1e-6)
+    np.testing.assert_allclose(out.to_numpy(), [[1 + 2 * i, 3 + 4 * i] for i in range(4)])

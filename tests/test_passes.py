@@ -477,7 +477,7 @@ def test_replace_uses_rewrites_operands_and_task_bounds():
 
 
 def test_pipeline_lists_named_passes_and_prints_ir(capsys, monkeypatch):
-    assert [name for name, _ in PASSES][:3] == ["constant_fold", "cse", "dce"]
+    assert [name for name, _ in PASSES] == ["mem2reg", "constant_fold", "cse", "dce"]
     k, b = serial_kernel(ret=i32)
     b.emit(Op.RETURN, [b.add(b.const(1, i32), b.const(2, i32))])
     optimize(k, print_ir=True)
@@ -728,3 +728,20 @@ def test_random_programs_keep_their_results(chunk):
             raise AssertionError(f"random program seed {seed} changed its results: {e}") from None
         shrunk += _size(k) < size
     assert shrunk >= len(seeds) * 0.9  # the passes do real work on these programs
+
+
+def test_mem2reg_turns_single_store_variables_into_values():
+    k, b = serial_kernel(ret=i32)
+    v = b.alloca(i32, "v")
+    b.store(v, b.add(b.const(4, i32), b.const(5, i32)))
+    w = b.alloca(i32, "w")  # stored twice: stays a variable
+    b.store(w, b.const(1, i32))
+    b.store(w, b.add(b.load(w), b.load(v)))
+    b.emit(Op.RETURN, [b.load(w)])
+    before = run_kernel(k, [], [])
+    from wgpu_ad.passes.mem2reg import mem2reg
+    mem2reg(k)
+    verify(k)
+    allocas = [s for s in k.tasks[0].body.stmts if s.op is Op.ALLOCA]
+    assert [a.name for a in allocas] == ["w"]
+    assert run_kernel(k, [], []) == before == 10

@@ -47,3 +47,11 @@ def reset():
 
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """ti.GUI and ti.ui import the viewer (and so glfw) on first use only (PEP 562)."""
+    if name in ("GUI", "ui"):
+        from . import viewer
+        return getattr(viewer, name)
+    raise AttributeError(f"module 'wgpu_ad' has no attribute {name!r}")

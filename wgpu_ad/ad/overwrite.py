@@ -23,8 +23,8 @@ def _overlap(a: tuple, b: tuple) -> bool:
 
 
 def check_overwrites(entries) -> None:
-    reads: list[tuple] = []   # (storage, index, kernel name, launch number)
-    writes: list[tuple] = []  # (storage, index, kind, kernel name, launch number)
+    reads: dict[int, list] = {}   # id(storage) -> [(index, kernel name, launch number)]
+    writes: dict[int, list] = {}  # id(storage) -> [(index, kind, kernel name, launch number)]
     n = 0
     for e in entries:
         if e.kind == "custom" or getattr(e, "opaque", False):
@@ -36,8 +36,8 @@ def check_overwrites(entries) -> None:
             for obj, kind, idx in fp:
                 if kind == "load" or getattr(obj, "is_grad", False):
                     continue
-                for r_obj, r_idx, r_name, r_n in reads:
-                    if r_obj is obj and _overlap(idx, r_idx):
+                for r_idx, r_name, r_n in reads.get(id(obj), ()):
+                    if _overlap(idx, r_idx):
                         raise WgpuAdError(
                             f"ti.ad.Tape: kernel '{name}' (launch {n} on the tape) writes elements of "
                             f"{describe(obj)} that kernel '{r_name}' (launch {r_n}) read before; the gradient "
@@ -46,8 +46,8 @@ def check_overwrites(entries) -> None:
                             f"step: x[t + 1] = f(x[t])), or check the actual values with "
                             f"ti.ad.Tape(..., validation=True)")
                 if kind in ("store", "atomic"):
-                    for w_obj, w_idx, w_kind, w_name, w_n in writes:
-                        if w_obj is obj and _overlap(idx, w_idx):
+                    for w_idx, w_kind, w_name, w_n in writes.get(id(obj), ()):
+                        if _overlap(idx, w_idx):
                             raise WgpuAdError(
                                 f"ti.ad.Tape: kernel '{name}' (launch {n} on the tape) overwrites elements of "
                                 f"{describe(obj)} that kernel '{w_name}' (launch {w_n}) wrote; the gradient of "
@@ -56,8 +56,13 @@ def check_overwrites(entries) -> None:
                                 f"ti.ad.Tape(..., validation=True)")
             if e.kind == "no_grad":
                 continue  # no gradient replays its reads
+            seen = set()
             for obj, kind, idx in fp:
+                key = (id(obj), kind == "load", idx)
+                if key in seen:
+                    continue  # the same elements through several statements: one entry
+                seen.add(key)
                 if kind == "load":
-                    reads.append((obj, idx, name, n))
+                    reads.setdefault(id(obj), []).append((idx, name, n))
                 else:
-                    writes.append((obj, idx, kind, name, n))
+                    writes.setdefault(id(obj), []).append((idx, kind, name, n))

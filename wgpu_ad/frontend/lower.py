@@ -12,6 +12,8 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
+
 from ..errors import CompileError, SourceLoc, UnsupportedError, WgpuAdError
 from ..ir.builder import Builder
 from ..ir.nodes import Block, Stmt
@@ -151,7 +153,7 @@ class FuncLowerer(ast.NodeVisitor):
             v = self.globals[name]
             if getattr(v, "name", 0) is None and hasattr(v, "gpu_buffer"):
                 v.name = name  # name fields after the user's variable, for messages and WGSL
-            return v
+            return _constant(v)
         if hasattr(_pybuiltins, name):
             return getattr(_pybuiltins, name)
         hint = self.k.moved_names.get(name)
@@ -599,6 +601,16 @@ class FuncLowerer(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call):
         from .methods import lower_call
         return lower_call(self, node)
+
+
+def _constant(v):
+    """Python-scope NumPy values (ti.Vector([...]) outside kernels, np.float32(...)) become
+    compile-time constants: a small array is a constant vector/matrix."""
+    if isinstance(v, np.generic) and v.dtype.kind in "fiub":
+        return v.item()
+    if isinstance(v, np.ndarray) and v.dtype.kind in "fiub" and v.ndim in (1, 2) and 0 < v.size <= 64:
+        return Mat([x.item() for x in v.ravel()], tuple(v.shape))
+    return v
 
 
 def _norm_index(fl: FuncLowerer, k: int, n: int, node) -> int:

@@ -31,12 +31,14 @@ def kernel_blocks(kernel: Kernel) -> Iterator[Block]:
     for t in kernel.tasks:
         yield from rec(t.bounds)
         yield from rec(t.body)
+        yield from rec(t.epilogue)
 
 
 def walk_kernel(kernel: Kernel) -> Iterator[Stmt]:
     for t in kernel.tasks:
         yield from walk(t.bounds)
         yield from walk(t.body)
+        yield from walk(t.epilogue)
 
 
 def use_counts(kernel: Kernel) -> dict[Stmt, int]:
@@ -70,6 +72,8 @@ def substitute(kernel: Kernel, mapping: dict[Stmt, Stmt]) -> int:
             if a in mapping:
                 s.args[k] = resolve(a)
                 n += 1
+        if s.index is not None:  # the access analyses read multi-indices: keep them current
+            s.index = tuple(resolve(x) if isinstance(x, Stmt) and x in mapping else x for x in s.index)
     for t in kernel.tasks:
         if t.begin is not None and t.begin in mapping:
             t.begin, n = resolve(t.begin), n + 1

@@ -269,21 +269,16 @@ class Kernel:
 
     def accessed(self, *args) -> tuple[list, list]:
         """(storages read, storages written) by this kernel for these arguments (primal ones)."""
-        from ..ir.nodes import walk
-        from ..ir.ops import Op
         c, specs, _ = self._get(args)
+        if c.footprint is None:
+            c.footprint = _static_footprint(c.ir)
         names = [s.name for s in specs]
         reads, writes = {}, {}
-        for t in c.ir.tasks:
-            for blk in (t.bounds, t.body):
-                for s in walk(blk):
-                    if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC):
-                        buf = s.attr[1] if s.op is Op.ATOMIC else s.attr
-                        src = buf.source
-                        obj = args[names.index(src[1])] if isinstance(src, tuple) else src
-                        if isinstance(src, tuple) and src[0] == "arg_grad":
-                            obj = obj.grad
-                        (reads if s.op is Op.GLOBAL_LOAD else writes)[id(obj)] = obj
+        for src, kind, _dims in c.footprint:
+            obj = args[names.index(src[1])] if isinstance(src, tuple) else src
+            if isinstance(src, tuple) and src[0] == "arg_grad":
+                obj = obj.grad
+            (reads if kind == "load" else writes)[id(obj)] = obj
         return list(reads.values()), list(writes.values())
 
     def _bind_kwargs(self, args, kwargs):

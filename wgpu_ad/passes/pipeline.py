@@ -15,11 +15,13 @@ from ..ir.printer import format_kernel
 from ..ir.verifier import VerifyError, verify as verify_ir
 from .cse import cse
 from .dce import dce
+from .mem2reg import mem2reg
 from .simplify import constant_fold
 
 Pass = Callable[[Kernel], Kernel]
 
 PASSES: list[tuple[str, Pass]] = [
+    ("mem2reg", mem2reg),
     ("constant_fold", constant_fold),
     ("cse", cse),
     ("dce", dce),

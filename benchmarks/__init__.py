@@ -1,0 +1,1 @@
+"""Benchmarks: wgpu_ad against Taichi (Vulkan, CPU) and hand-written WGSL. See benchmarks/README.md."""

@@ -1,0 +1,162 @@
+"""The systems compared, each in its own worker process, driven over a pipe.
+
+A worker holds one system (wgpu_ad, hand-written WGSL on raw wgpu-py, Taichi Vulkan, Taichi CPU)
+for the whole run, so the driver can interleave systems within each repetition without
+re-initialising anything (Taichi allows one arch per process). The worker times each run itself,
+with the sync inside the timed region, so the pipe costs nothing that is measured. Its stdout and
+stderr (Taichi's banners, lavapipe's warnings) go to a log file, whose tail is shown on failure.
+"""
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+
+ALL_SYSTEMS = ("wgpu_ad", "wgsl", "taichi-vulkan", "taichi-cpu")
+REPLY_TIMEOUT_S = 600.0
+
+
+def taichi_available() -> bool:
+    return importlib.util.find_spec("taichi") is not None
+
+
+def default_systems() -> list[str]:
+    return [s for s in ALL_SYSTEMS if not s.startswith("taichi") or taichi_available()]
+
+
+# ---- inside the worker process ------------------------------------------------------------------
+
+class _Env:
+    """How one system starts, restarts between cases, and builds a workload."""
+
+    def __init__(self, system: str):
+        self.system = system
+        self.gpu = None
+        if system == "wgpu_ad":
+            import wgpu_ad
+            self.ti = wgpu_ad
+        elif system.startswith("taichi"):
+            import taichi
+            self.ti = taichi
+        elif system == "wgsl":
+            from .rawgpu import RawGpu
+            self.gpu = RawGpu()
+        else:
+            raise ValueError(f"unknown system {system!r}; expected one of {ALL_SYSTEMS}")
+
+    def start_case(self) -> str:
+        """A clean runtime for the next case; returns a description of the device."""
+        ti = self.ti if self.gpu is None else None
+        if self.system == "wgpu_ad":
+            ti.init()
+            return str(ti.get_runtime())
+        if self.system == "wgsl":
+            info = self.gpu.adapter.info
+            return f"raw wgpu-py on {info.get('device', '?')} ({info.get('backend_type', '?')})"
+        arch = ti.vulkan if self.system == "taichi-vulkan" else ti.cpu
+        ti.init(arch=arch)
+        got = ti.lang.impl.current_cfg().arch
+        if got != arch:  # Taichi falls back to the CPU silently when Vulkan does not start
+            raise RuntimeError(f"Taichi could not start arch={arch} (it fell back to {got}); see its log")
+        return f"taichi {ti.__version__} arch={got}"
+
+    def build(self, workload: str, params: dict):
+        from .workloads import Case
+        mod = Case(workload, params).module()
+        inp = mod.inputs(params)
+        if self.system == "wgsl":
+            return mod.build_wgsl(self.gpu, params, inp)
+        return mod.build(self.ti, params, inp)
+
+
+def worker_main(system: str, conn, log_path: str) -> None:
+    """Serve ('setup', workload, params) / ('time', mode) / ('result',) / ('quit',) requests."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+    env, prog = None, None
+    while True:
+        msg = conn.recv()
+        try:
+            if msg[0] == "quit":
+                conn.send(("ok", None))
+                return
+            if msg[0] == "setup":
+                prog = None
+                if env is None:
+                    env = _Env(system)
+                device = env.start_case()
+                prog = env.build(msg[1], msg[2])
+                for op in prog.ops.values():  # compile and warm up: nothing below is first-run
+                    op()
+                reply = device
+            elif msg[0] == "time":
+                op = prog.ops[msg[1]]
+                t0 = time.perf_counter()
+                op()
+                reply = time.perf_counter() - t0
+            elif msg[0] == "result":
+                reply = prog.result()
+            else:
+                raise ValueError(f"unknown request {msg!r}")
+            conn.send(("ok", reply))
+        except Exception as e:  # noqa: BLE001  (report it, keep serving: the next case may work)
+            prog = None if msg[0] == "setup" else prog
+            conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"))
+
+
+# ---- in the driver ------------------------------------------------------------------------------
+
+class WorkerError(RuntimeError):
+    pass
+
+
+class Worker:
+    """A worker process for one system."""
+
+    def __init__(self, system: str, log_dir: str):
+        self.system = system
+        self.log_path = os.path.join(log_dir, f"{system}.log")
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=worker_main, args=(system, child, self.log_path), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def call(self, *msg):
+        """Send a request and return the reply; WorkerError carries the worker's traceback."""
+        try:
+            self.conn.send(msg)
+            if not self.conn.poll(REPLY_TIMEOUT_S):
+                raise WorkerError(f"{self.system}: no reply to {msg[0]!r} in {REPLY_TIMEOUT_S:.0f} s")
+            status, value = self.conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError) as e:
+            raise WorkerError(f"{self.system}: the worker process died ({type(e).__name__}, exit code "
+                              f"{self.proc.exitcode}); its log ends with:\n{self.log_tail()}") from None
+        if status != "ok":
+            raise WorkerError(f"{self.system}: {value}")
+        return value
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                keep = [ln for ln in f.read().splitlines() if "XDG_RUNTIME_DIR" not in ln]
+            return "\n".join(keep[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self.call("quit")
+            except WorkerError:
+                pass
+            self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(5)

@@ -1,0 +1,69 @@
+"""The benchmark workloads and the cases (sizes) the harness runs.
+
+Each workload module provides, for its parameters `p` (a dict):
+  MODES                      what is timed, e.g. ("fwd", "fwd+bwd")
+  UNIT                       "ms" (time per run) or "us/launch"
+  LOSS, GRAD                 what result() reports, for the printed checks
+  inputs(p)                  deterministic NumPy inputs (the same for every system)
+  build(ti, p, inp)          the program written once in the Taichi-shaped API: it runs unchanged
+                             with `import wgpu_ad as ti` and `import taichi as ti`
+  build_wgsl(gpu, p, inp)    the hand-written WGSL version on raw wgpu-py (benchmarks/rawgpu.py)
+  reference(p, inp)          (loss, gradient entry) in float64 NumPy
+and both builds return a Program.
+
+No `from __future__ import annotations` in the workload modules: kernel argument annotations
+(`t: ti.i32`) must be evaluated where `ti` is the function parameter, not a module global.
+"""
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+
+
+@dataclass
+class Program:
+    """ops: mode -> a callable doing one timed run (it ends with a sync, so the timer is honest);
+    result(): one full run from a clean state, returning (loss, gradient entry or None)."""
+
+    ops: dict[str, Callable[[], None]]
+    result: Callable[[], tuple[float, float | None]]
+
+
+@dataclass(frozen=True)
+class Case:
+    workload: str
+    params: dict = field(default_factory=dict)
+    reps: int = 5
+    tol: float = 1e-3          # relative tolerance of loss and gradient entry vs the float64 reference
+
+    @property
+    def label(self) -> str:
+        shown = {k: v for k, v in self.params.items() if not k.startswith("_")}
+        return self.workload + " " + " ".join(f"{k}={v}" for k, v in shown.items())
+
+    def module(self) -> ModuleType:
+        return importlib.import_module(f"{__name__}.{self.workload}")
+
+
+def full_cases() -> list[Case]:
+    return [
+        Case("gravity", {"N": 1024}, reps=11),
+        Case("gravity", {"N": 4096}, reps=7),
+        Case("cloth", {"n": 32, "steps": 200}, reps=9),
+        Case("cloth", {"n": 64, "steps": 200}, reps=7),
+        Case("reduction", {"n": 4_194_304}, reps=11),
+        Case("scatter", {"particles": 262_144, "grid": 128}, reps=11),
+        Case("launch", {"launches": 5000}, reps=11),
+    ]
+
+
+def quick_cases() -> list[Case]:
+    """Tiny sizes, one repetition: a smoke test of every workload on every system."""
+    return [
+        Case("gravity", {"N": 256}, reps=1),
+        Case("cloth", {"n": 8, "steps": 20}, reps=1),
+        Case("reduction", {"n": 65_536}, reps=1),
+        Case("scatter", {"particles": 4096, "grid": 32}, reps=1),
+        Case("launch", {"launches": 200}, reps=1),
+    ]

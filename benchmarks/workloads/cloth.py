@@ -1,0 +1,189 @@
+"""Cloth: an n x n mass-spring sheet (structural and shear springs to the 8 neighbours, gravity,
+damping, symplectic Euler) for `steps` steps, every step stored (x, v have a time axis), and a
+loss at the end (mean squared distance to a target point); backward through all steps."""
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+
+from . import Program
+
+MODES = ("fwd", "fwd+bwd")
+UNIT = "ms"
+LOSS, GRAD = "loss", "dloss/dv0[n/2,n/2].x"
+OFFSETS = [(-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1)]
+DT, KS, MASS, DAMPING, GRAVITY = 1e-3, 1000.0, 1.0, 0.999, 9.8
+TARGET = (0.5, -0.3, 0.5)
+
+
+def spacing(n: int) -> float:
+    return 1.0 / n
+
+
+def inputs(p: dict) -> dict:
+    n = p["n"]
+    rng = np.random.default_rng(1)
+    g = (np.arange(n) + 0.5) * spacing(n)
+    x0 = np.stack(np.meshgrid(g, g, indexing="ij"), -1)           # (i, j) -> (x, z) on a sheet
+    x0 = np.stack([x0[..., 1], np.zeros((n, n)), x0[..., 0]], -1)  # y = 0: the sheet is horizontal
+    v0 = rng.normal(0.0, 0.1, (n, n, 3))
+    return {"x0": x0.astype(np.float32), "v0": v0.astype(np.float32)}
+
+
+def kernels(ti, p: dict) -> SimpleNamespace:
+    """The fields and kernels, in the Taichi-shaped API (also used by the compile-time benchmark)."""
+    n, steps = p["n"], p["steps"]
+    dx = spacing(n)
+    rest = [dx * math.sqrt(di * di + dj * dj) for di, dj in OFFSETS]
+    tx, ty, tz = TARGET
+    inv_nn = 1.0 / (n * n)
+    x = ti.Vector.field(3, dtype=ti.f32, shape=(steps + 1, n, n), needs_grad=True)
+    v = ti.Vector.field(3, dtype=ti.f32, shape=(steps + 1, n, n), needs_grad=True)
+    loss = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def clear():
+        loss[None] = 0.0
+
+    @ti.kernel
+    def step(t: ti.i32):
+        for i, j in ti.ndrange(n, n):
+            xi = x[t, i, j]
+            f = ti.Vector([0.0, -GRAVITY * MASS, 0.0])
+            for k in ti.static(range(8)):
+                i2 = i + ti.static(OFFSETS[k][0])
+                j2 = j + ti.static(OFFSETS[k][1])
+                if 0 <= i2 < n and 0 <= j2 < n:
+                    d = x[t, i2, j2] - xi
+                    length = d.norm()
+                    f += KS * (length - ti.static(rest[k])) / length * d
+            vn = v[t, i, j] * DAMPING + (DT / MASS) * f
+            v[t + 1, i, j] = vn
+            x[t + 1, i, j] = xi + DT * vn
+
+    @ti.kernel
+    def compute_loss():
+        for i, j in ti.ndrange(n, n):
+            d = x[steps, i, j] - ti.Vector([tx, ty, tz])
+            loss[None] += d.dot(d) * inv_nn
+
+    return SimpleNamespace(x=x, v=v, loss=loss, clear=clear, step=step, compute_loss=compute_loss)
+
+
+def set_initial_state(k: SimpleNamespace, p: dict, inp: dict) -> None:
+    n, steps = p["n"], p["steps"]
+    xs = np.zeros((steps + 1, n, n, 3), np.float32)
+    vs = np.zeros((steps + 1, n, n, 3), np.float32)
+    xs[0], vs[0] = inp["x0"], inp["v0"]
+    k.x.from_numpy(xs)
+    k.v.from_numpy(vs)
+
+
+def build(ti, p: dict, inp: dict) -> Program:
+    steps, c = p["steps"], p["n"] // 2
+    k = kernels(ti, p)
+    set_initial_state(k, p, inp)
+
+    def forward():
+        for t in range(steps):
+            k.step(t)
+        k.compute_loss()
+
+    def fwd():
+        k.clear()
+        forward()
+        ti.sync()
+
+    def fwd_bwd():
+        k.clear()
+        with ti.ad.Tape(loss=k.loss):
+            forward()
+        ti.sync()
+
+    def result():
+        fwd_bwd()
+        return float(k.loss[None]), float(k.v.grad[0, c, c][0])
+
+    return Program({"fwd": fwd, "fwd+bwd": fwd_bwd}, result)
+
+
+LAYOUTS = {"step_fwd": ("uniform", "storage", "storage"),
+           "step_bwd": ("uniform", "storage", None, "storage", "storage"),
+           "loss_fwd": (None, "storage", None, None, None, "storage"),
+           "loss_bwd": (None, "storage", None, "storage", "storage")}
+
+
+def wgsl_kernels(gpu, p: dict, entries=tuple(LAYOUTS), finish=True) -> tuple:
+    from ..rawgpu import f32_literal
+    n, steps, wg = p["n"], p["steps"], 64
+    groups = -(-n * n // wg)
+    f = f32_literal
+    k = gpu.kernels("cloth", {e: LAYOUTS[e] for e in entries}, N=n, STEPS=steps, WG=wg, DT=f(DT), KS=f(KS), MASS=f(MASS),
+                    DAMPING=f(DAMPING), GRAVITY=f(GRAVITY), REST1=f(spacing(n)),
+                    REST2=f(spacing(n) * math.sqrt(2.0)), TX=f(TARGET[0]), TY=f(TARGET[1]),
+                    TZ=f(TARGET[2]), INV_NN=f(1.0 / (n * n)))
+    fin = gpu.kernels("sum_partials", {"main": ("read", "storage")}, COUNT=groups)["main"] if finish else None
+    return k, fin, groups
+
+
+def build_wgsl(gpu, p: dict, inp: dict) -> Program:
+    n, steps, c = p["n"], p["steps"], p["n"] // 2
+    k, fin, groups = wgsl_kernels(gpu, p)
+    xs = np.zeros((steps + 1, n, n, 3), np.float32)
+    vs = np.zeros((steps + 1, n, n, 3), np.float32)
+    xs[0], vs[0] = inp["x0"], inp["v0"]
+    x, v = gpu.storage(xs), gpu.storage(vs)
+    gx, gv = gpu.storage(nbytes=xs.nbytes), gpu.storage(nbytes=vs.nbytes)
+    partials, out = gpu.storage(nbytes=4 * groups), gpu.storage(nbytes=4)
+    ts = gpu.uniforms([[t] for t in range(steps)])
+    step_f = gpu.bind(k["step_fwd"], ts, x, v)
+    step_b = gpu.bind(k["step_bwd"], ts, x, None, gx, gv)
+    fwd_list = [(k["step_fwd"], step_f, groups, t) for t in range(steps)]
+    fwd_list += [(k["loss_fwd"], gpu.bind(k["loss_fwd"], None, x, None, None, None, partials), groups),
+                 (fin, gpu.bind(fin, partials, out), 1)]
+    bwd_list = [(k["loss_bwd"], gpu.bind(k["loss_bwd"], None, x, None, gx, gv), groups)]
+    bwd_list += [(k["step_bwd"], step_b, groups, t) for t in reversed(range(steps))]
+
+    def fwd():
+        gpu.run(fwd_list)
+        gpu.sync()
+
+    def fwd_bwd():
+        gpu.run(fwd_list + bwd_list)
+        gpu.sync()
+
+    def result():
+        fwd_bwd()
+        g = gpu.read(gv, count=n * n * 3).reshape(n, n, 3)
+        return float(gpu.read(out, count=1)[0]), float(g[c, c, 0])
+
+    return Program({"fwd": fwd, "fwd+bwd": fwd_bwd}, result)
+
+
+def _simulate(p: dict, x0: np.ndarray, v0: np.ndarray) -> float:
+    n, steps = p["n"], p["steps"]
+    dx = spacing(n)
+    x, v = x0.astype(np.float64), v0.astype(np.float64)
+    for _ in range(steps):
+        f = np.zeros_like(x)
+        f[..., 1] = -GRAVITY * MASS
+        for di, dj in OFFSETS:
+            rest = dx * math.sqrt(di * di + dj * dj)
+            i0, i1, j0, j1 = max(0, -di), n - max(0, di), max(0, -dj), n - max(0, dj)
+            d = x[i0 + di:i1 + di, j0 + dj:j1 + dj] - x[i0:i1, j0:j1]
+            length = np.sqrt((d ** 2).sum(-1, keepdims=True))
+            f[i0:i1, j0:j1] += KS * (length - rest) / length * d
+        v = v * DAMPING + DT / MASS * f
+        x = x + DT * v
+    return float(((x - np.array(TARGET)) ** 2).sum() / (n * n))
+
+
+def reference(p: dict, inp: dict) -> tuple[float, float]:
+    """The loss in float64, and the gradient entry by central differences on that simulation."""
+    c, h = p["n"] // 2, 1e-6
+    loss = _simulate(p, inp["x0"], inp["v0"])
+    vp, vm = inp["v0"].astype(np.float64), inp["v0"].astype(np.float64)
+    vp[c, c, 0] += h
+    vm[c, c, 0] -= h
+    return loss, (_simulate(p, inp["x0"], vp) - _simulate(p, inp["x0"], vm)) / (2 * h)

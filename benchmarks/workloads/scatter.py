@@ -1,0 +1,144 @@
+"""Scatter (P2G-like): particles splat mass and momentum to a grid x grid grid with quadratic
+B-spline weights (float atomics into random nodes); loss = sum of squared grid values;
+backward gives dloss/d(particle position) through the weights (a gather)."""
+
+import numpy as np
+
+from . import Program
+
+MODES = ("fwd", "fwd+bwd")
+UNIT = "ms"
+LOSS, GRAD = "loss", "dloss/dx[1].x"
+P_MASS = 1.0
+
+
+def inputs(p: dict) -> dict:
+    rng = np.random.default_rng(3)
+    n = p["particles"]
+    return {"x": rng.uniform(0.2, 0.8, (n, 2)).astype(np.float32),
+            "v": rng.normal(0.0, 1.0, (n, 2)).astype(np.float32)}
+
+
+def build(ti, p: dict, inp: dict) -> Program:
+    n, g = p["particles"], p["grid"]
+    inv_dx = float(g)
+    x = ti.Vector.field(2, dtype=ti.f32, shape=n, needs_grad=True)
+    pv = ti.Vector.field(2, dtype=ti.f32, shape=n)
+    grid_m = ti.field(dtype=ti.f32, shape=(g, g), needs_grad=True)
+    grid_mv = ti.Vector.field(2, dtype=ti.f32, shape=(g, g), needs_grad=True)
+    loss = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def clear():
+        loss[None] = 0.0
+        for i, j in grid_m:
+            grid_m[i, j] = 0.0
+            grid_mv[i, j] = ti.Vector([0.0, 0.0])
+
+    @ti.kernel
+    def p2g():
+        for q in x:
+            X = x[q] * inv_dx
+            base = ti.cast(X - 0.5, ti.i32)
+            fx = X - ti.cast(base, ti.f32)
+            w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1.0) ** 2, 0.5 * (fx - 0.5) ** 2]
+            mv = P_MASS * pv[q]
+            for i, j in ti.static(ti.ndrange(3, 3)):
+                weight = w[i][0] * w[j][1]
+                grid_m[base[0] + i, base[1] + j] += weight * P_MASS
+                grid_mv[base[0] + i, base[1] + j] += weight * mv
+
+    @ti.kernel
+    def compute_loss():
+        for i, j in grid_m:
+            loss[None] += grid_m[i, j] ** 2 + grid_mv[i, j].dot(grid_mv[i, j])
+
+    x.from_numpy(inp["x"])
+    pv.from_numpy(inp["v"])
+
+    def fwd():
+        clear()
+        p2g()
+        compute_loss()
+        ti.sync()
+
+    def fwd_bwd():
+        clear()
+        with ti.ad.Tape(loss=loss):
+            p2g()
+            compute_loss()
+        ti.sync()
+
+    def result():
+        fwd_bwd()
+        return float(loss[None]), float(x.grad[1][0])
+
+    return Program({"fwd": fwd, "fwd+bwd": fwd_bwd}, result)
+
+
+def build_wgsl(gpu, p: dict, inp: dict) -> Program:
+    from ..rawgpu import f32_literal
+    if not gpu.float_atomics:
+        raise NotImplementedError("the hand-written scatter uses atomic<f32> (feature shader-float32-atomic), "
+                                  "which this adapter lacks")
+    n, g, wg = p["particles"], p["grid"], 64
+    pgroups, ggroups = -(-n // wg), -(-g * g // wg)
+    layouts = {"p2g": ("read", "read", "storage", "storage"),
+               "loss_fwd": (None, None, "storage", "storage", "storage"),
+               "p2g_bwd": ("read", "read", "storage", "storage", None, "storage")}
+    k = gpu.kernels("scatter", layouts, P=n, G=g, WG=wg,
+                    INV_DX=f32_literal(g), P_MASS=f32_literal(P_MASS))
+    fin = gpu.kernels("sum_partials", {"main": ("read", "storage")}, COUNT=ggroups)["main"]
+    x, pv = gpu.storage(inp["x"]), gpu.storage(inp["v"])
+    grid_m, grid_mv = gpu.storage(nbytes=4 * g * g), gpu.storage(nbytes=8 * g * g)
+    partials, out, gx = gpu.storage(nbytes=4 * ggroups), gpu.storage(nbytes=4), gpu.storage(nbytes=8 * n)
+    fwd_list = [(k["p2g"], gpu.bind(k["p2g"], x, pv, grid_m, grid_mv), pgroups),
+                (k["loss_fwd"], gpu.bind(k["loss_fwd"], None, None, grid_m, grid_mv, partials), ggroups),
+                (fin, gpu.bind(fin, partials, out), 1)]
+    bwd_list = [(k["p2g_bwd"], gpu.bind(k["p2g_bwd"], x, pv, grid_m, grid_mv, None, gx), pgroups)]
+
+    def fwd():
+        gpu.run(fwd_list, clears=(grid_m, grid_mv))
+        gpu.sync()
+
+    def fwd_bwd():
+        gpu.run(fwd_list + bwd_list, clears=(grid_m, grid_mv))
+        gpu.sync()
+
+    def result():
+        fwd_bwd()
+        return float(gpu.read(out, count=1)[0]), float(gpu.read(gx, count=4)[2])
+
+    return Program({"fwd": fwd, "fwd+bwd": fwd_bwd}, result)
+
+
+def _weights(fx):
+    w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1.0) ** 2, 0.5 * (fx - 0.5) ** 2]
+    dw = [fx - 1.5, 2.0 * (1.0 - fx), fx - 0.5]
+    return w, dw
+
+
+def reference(p: dict, inp: dict) -> tuple[float, float]:
+    g = p["grid"]
+    x, v = inp["x"].astype(np.float64), inp["v"].astype(np.float64)
+    X = x * g
+    base = np.floor(X - 0.5).astype(np.int64)   # positions are positive: truncation = floor
+    w, dw = _weights(X - base)
+    m = np.zeros(g * g)
+    mv = np.zeros((g * g, 2))
+    for i in range(3):
+        for j in range(3):
+            node = (base[:, 0] + i) * g + base[:, 1] + j
+            wt = w[i][:, 0] * w[j][:, 1] * P_MASS
+            m += np.bincount(node, wt, g * g)
+            for c in range(2):
+                mv[:, c] += np.bincount(node, wt * v[:, c], g * g)
+    loss = float((m ** 2).sum() + (mv ** 2).sum())
+    q = 1   # dloss/dx[q].x: the weights' derivative times the loss's gradient on each node
+    grad = 0.0
+    for i in range(3):
+        for j in range(3):
+            node = (base[q, 0] + i) * g + base[q, 1] + j
+            gnode = 2.0 * m[node] * P_MASS + 2.0 * P_MASS * (mv[node] @ v[q])
+            grad += dw[i][q, 0] * w[j][q, 1] * g * gnode
+    return loss, float(grad)

@@ -1,0 +1,460 @@
+"""A mass-spring cloth falling on a sphere and the ground; drag it with the mouse. With --optimize,
+differentiable cloth: learn the initial velocity of every vertex so that the cloth's centre of mass
+lands on a target, by gradient descent through the whole simulation (ti.ad.Tape).
+
+    python examples/cloth.py [--n 32]                  # interactive: LMB drags a vertex, RMB orbits
+    python examples/cloth.py --headless --frames 20    # PNG frames in ./frames (automatic without a display)
+    python examples/cloth.py --optimize [--iters 30]   # progress bar; loss curve in ./frames/cloth_loss.png
+
+Keys: p pause, s step (while paused), r reset, ESC quit.
+
+One kernel launch is one time step: it reads state t and writes state t + 1 of fields with a time
+axis, so the live view (a ring of two states) and the optimisation (every step stored, so each
+adjoint reads what its forward read) share one kernel. Contacts are written with ti.select on
+local values, so the step stays one differentiable expression per vertex.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import wgpu_ad as ti  # noqa: E402
+from _common import Progress, add_view_args, adopt_headless, frame_file, resolve_view  # noqa: E402
+
+GRAVITY = 9.8
+SPHERE_C, SPHERE_R = (0.0, 0.3, 0.0), 0.3   # the ground is the plane y = 0
+HEIGHT = 0.8                                # initial height of the horizontal cloth (side 1)
+TARGET = (0.6, 0.05, -0.4)                  # where --optimize wants the centre of mass to land
+# grid offsets of the springs and their relative stiffness: structural, shear, bending
+SPRINGS = [((1, 0), 1.0), ((-1, 0), 1.0), ((0, 1), 1.0), ((0, -1), 1.0),
+           ((1, 1), 0.5), ((-1, -1), 0.5), ((1, -1), 0.5), ((-1, 1), 0.5),
+           ((2, 0), 0.25), ((-2, 0), 0.25), ((0, 2), 0.25), ((0, -2), 0.25)]
+
+
+def stable_dt(n: int, stiffness: float) -> float:
+    """A safe fraction of the explicit stability limit (~ sqrt(spacing / stiffness), unit masses)."""
+    return 0.35 * math.sqrt(1.0 / (n - 1) / stiffness)
+
+
+class Cloth:
+    """An n x n cloth with `states` stored time steps; ring=True keeps two and alternates them.
+
+    stiffness: force per unit strain of a structural spring; damping: dashpots along the springs
+    as a fraction of critical; drag: air, per second; friction: tangential slow-down in contact.
+    """
+
+    def __init__(self, n: int, states: int = 2, ring: bool = True, stiffness: float = 2e4,
+                 damping: float = 0.1, drag: float = 0.5, friction: float = 8.0, dt: float | None = None):
+        if n < 3:
+            raise ValueError(f"Cloth(n={n}): the cloth needs at least 3 x 3 vertices")
+        self.n, self.states, self.ring = n, states, ring
+        self.dt = dt_ = dt if dt is not None else stable_dt(n, stiffness)
+        q = 1.0 / (n - 1)
+        grad = not ring
+        x = ti.Vector.field(3, ti.f32, shape=(states, n, n), needs_grad=grad)
+        v = ti.Vector.field(3, ti.f32, shape=(states, n, n), needs_grad=grad)
+        v0 = ti.Vector.field(3, ti.f32, shape=(n, n), needs_grad=grad)   # the initial velocity
+        verts = ti.Vector.field(3, ti.f32, shape=n * n)                  # what the mesh draws
+        normals = ti.Vector.field(3, ti.f32, shape=n * n)
+        self.x, self.v, self.v0, self.verts, self.normals = x, v, v0, verts, normals
+        self.indices, self.colors = _grid_mesh(n)
+        cx, cy, cz, R = *SPHERE_C, SPHERE_R
+        decay, slide = math.exp(-drag * dt_), math.exp(-friction * dt_)
+        offs = [o for o, _ in SPRINGS]
+        ks = [stiffness * s for _, s in SPRINGS]
+        rests = [q * math.hypot(*o) for o in offs]
+        cs = [damping * 2.0 * math.sqrt(k / r) for k, r in zip(ks, rests)]
+
+        @ti.kernel
+        def init(t0: ti.i32):
+            for a, b in ti.ndrange(n, n):
+                x[t0, a, b] = [a * q - 0.5, HEIGHT, b * q - 0.5]
+                v[t0, a, b] = v0[a, b]
+
+        @ti.kernel
+        def set_v0():  # recorded on the tape, so v0.grad receives the gradient of v[0]
+            for a, b in ti.ndrange(n, n):
+                v[0, a, b] = v0[a, b]
+
+        @ti.kernel
+        def step(t: ti.i32, picked: ti.i32, target: ti.types.vector(3, ti.f32), max_speed: ti.f32):
+            for a, b in ti.ndrange(n, n):
+                # assigned once: a variable assigned twice (even in a static branch) hides the
+                # index from the tape's footprint check
+                nxt = (t + 1) % 2 if ti.static(ring) else t + 1
+                xi, vi = x[t, a, b], v[t, a, b]
+                f = ti.Vector([0.0, -GRAVITY, 0.0])  # unit masses
+                for k in ti.static(range(len(offs))):
+                    a2, b2 = a + offs[k][0], b + offs[k][1]
+                    if 0 <= a2 < n and 0 <= b2 < n:
+                        d = xi - x[t, a2, b2]
+                        length = d.norm(1e-12)
+                        u = d / length
+                        f += -ks[k] * (length / rests[k] - 1.0) * u
+                        f += -cs[k] * (vi - v[t, a2, b2]).dot(u) * u
+                vn = vi * decay + dt_ * f
+                xn = xi + dt_ * vn
+                if ti.static(ring):  # the mouse moves the picked vertex to the cursor, at most max_speed
+                    dx = target - xi
+                    dx *= ti.min(1.0, max_speed * dt_ / dx.norm(1e-12))
+                    mine = a * n + b == picked
+                    xn = ti.select(mine, xi + dx, xn)
+                    vn = ti.select(mine, dx / dt_, vn)
+                # sphere: project onto the surface, drop the inward normal velocity, slow the rest
+                d = xn - ti.Vector([cx, cy, cz])
+                dist = d.norm(1e-12)
+                nrm = d / dist
+                hit = dist < R
+                vdn = vn.dot(nrm)
+                xn = ti.select(hit, ti.Vector([cx, cy, cz]) + R * nrm, xn)
+                vn = ti.select(hit, (vn - vdn * nrm) * slide + ti.max(vdn, 0.0) * nrm, vn)
+                # ground y = 0, the same way
+                low = xn[1] < 0.0
+                xn = ti.select(low, ti.Vector([xn[0], 0.0, xn[2]]), xn)
+                vn = ti.select(low, ti.Vector([vn[0] * slide, ti.max(vn[1], 0.0), vn[2] * slide]), vn)
+                x[nxt, a, b] = xn
+                v[nxt, a, b] = vn
+
+        @ti.kernel
+        def to_mesh(t: ti.i32):
+            for a, b in ti.ndrange(n, n):
+                i = a * n + b
+                verts[i] = x[t, a, b]
+                du = x[t, ti.min(a + 1, n - 1), b] - x[t, ti.max(a - 1, 0), b]
+                dv = x[t, a, ti.min(b + 1, n - 1)] - x[t, a, ti.max(b - 1, 0)]
+                c = dv.cross(du)
+                normals[i] = c / c.norm(1e-20)
+
+        self.init, self.set_v0, self._step, self.to_mesh = init, set_v0, step, to_mesh
+
+    def step(self, t: int, picked: int = -1, target=(0.0, 0.0, 0.0), max_speed: float = 0.0) -> None:
+        """One time step from state t (into t + 1, or the other ring slot); vertex `picked`
+        (a * n + b, or -1) moves towards `target` at up to max_speed (the mouse)."""
+        self._step(t, picked, target, max_speed)
+
+
+def _grid_mesh(n: int) -> tuple:
+    """Triangle indices of the n x n grid and a checker pattern of vertex colours."""
+    a, b = np.meshgrid(np.arange(n - 1), np.arange(n - 1), indexing="ij")
+    i00 = (a * n + b).ravel()
+    quads = np.stack([i00, i00 + n, i00 + 1, i00 + 1, i00 + n, i00 + n + 1], 1)
+    indices = ti.field(ti.i32, shape=quads.size)
+    indices.from_numpy(quads.ravel().astype(np.int32))
+    a, b = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    blk = max(n // 6, 2)  # blocks of a few vertices: per-vertex colours blend across a triangle
+    checker = ((a // blk + b // blk) % 2).ravel()[:, None]
+    cols = np.where(checker, [0.95, 0.55, 0.25], [0.98, 0.85, 0.55]).astype(np.float32)
+    colors = ti.Vector.field(3, ti.f32, shape=n * n)
+    colors.from_numpy(cols)
+    return indices, colors
+
+
+def _sphere_mesh(center, radius: float, rings: int = 24, segments: int = 48) -> tuple:
+    """A UV sphere (vertices, normals, indices) as fields, slightly inside the collision sphere."""
+    th = np.linspace(0, np.pi, rings + 1)[:, None]
+    ph = np.linspace(0, 2 * np.pi, segments + 1)[None, :]
+    nrm = np.stack([np.sin(th) * np.cos(ph), np.cos(th) * np.ones_like(ph), np.sin(th) * np.sin(ph)], -1)
+    nrm = nrm.reshape(-1, 3).astype(np.float32)
+    pos = (np.asarray(center, np.float32) + 0.985 * radius * nrm).astype(np.float32)
+    r, s = np.meshgrid(np.arange(rings), np.arange(segments), indexing="ij")
+    i00 = (r * (segments + 1) + s).ravel()
+    idx = np.stack([i00, i00 + 1, i00 + segments + 1, i00 + 1, i00 + segments + 2, i00 + segments + 1], 1)
+    return _fields(pos, nrm, idx)
+
+
+def _ground_mesh(half: float = 1.6, y: float = -0.006) -> tuple:
+    """The floor, drawn a little below y = 0 so that the cloth lying on it does not z-fight."""
+    pos = np.array([[-half, y, -half], [half, y, -half], [half, y, half], [-half, y, half]], np.float32)
+    nrm = np.tile(np.array([[0, 1, 0]], np.float32), (4, 1))
+    return _fields(pos, nrm, np.array([0, 2, 1, 0, 3, 2]))
+
+
+def _fields(pos: np.ndarray, nrm: np.ndarray, idx: np.ndarray) -> tuple:
+    p = ti.Vector.field(3, ti.f32, shape=len(pos))
+    nm = ti.Vector.field(3, ti.f32, shape=len(nrm))
+    ix = ti.field(ti.i32, shape=idx.size)
+    p.from_numpy(pos)
+    nm.from_numpy(nrm)
+    ix.from_numpy(idx.ravel().astype(np.int32))
+    return p, nm, ix
+
+
+# ---- optimisation ---------------------------------------------------------------------------
+
+class ClothOptimizer:
+    """The loss |centre of mass at the last step - target|^2 as a function of the initial velocity
+    of every vertex, through `steps` stored time steps, and its gradient from ti.ad.Tape."""
+
+    def __init__(self, n: int, steps: int, target=TARGET, **cloth_kw):
+        self.cloth = c = Cloth(n, states=steps + 1, ring=False, **cloth_kw)
+        self.n, self.steps, self.target = n, steps, tuple(float(t) for t in target)
+        x = c.x
+        com = ti.Vector.field(3, ti.f32, shape=(), needs_grad=True)
+        loss = ti.field(ti.f32, shape=(), needs_grad=True)
+        self.com, self.loss = com, loss
+        T, inv = steps, 1.0 / (n * n)
+        tx, ty, tz = self.target
+
+        @ti.kernel
+        def centre():
+            for a, b in ti.ndrange(n, n):
+                com[None] += inv * x[T, a, b]
+
+        @ti.kernel
+        def compute_loss():
+            d = com[None] - ti.Vector([tx, ty, tz])
+            loss[None] = d.dot(d)
+
+        self.centre, self.compute_loss = centre, compute_loss
+        c.init(0)  # x[0]; v[0] is written from v0 on the tape
+
+    def forward(self, v0: np.ndarray, grad: bool = True) -> tuple[float, np.ndarray | None]:
+        """The loss for initial velocities v0 (n, n, 3), and its gradient dloss/dv0 when grad."""
+        c = self.cloth
+        c.v0.from_numpy(np.asarray(v0, np.float32))
+        self.com.fill(0)
+        with ti.ad.Tape(loss=self.loss) if grad else contextlib.nullcontext():
+            c.set_v0()
+            for t in range(self.steps):
+                c.step(t)
+            self.centre()
+            self.compute_loss()
+        return float(self.loss[None]), (c.v0.grad.to_numpy() if grad else None)
+
+
+def optimize(n: int = 12, duration: float = 0.45, iters: int = 30, lr: float = 0.2, decay: float = 0.93,
+             target=TARGET, stiffness: float = 2e3, progress: bool = True, result: dict | None = None,
+             **cloth_kw) -> list[float]:
+    """Learn the initial velocity field by Adam (NumPy) on the tape's gradient; returns the loss of
+    every iteration (before its update). The cloth is softer than the live one so that `duration`
+    seconds take few steps. `result`, when given, receives the optimiser and the final parameters."""
+    steps = max(1, math.ceil(duration / stable_dt(n, stiffness)))
+    opt = ClothOptimizer(n, steps, target, stiffness=stiffness, dt=duration / steps, **cloth_kw)
+    p = np.zeros((n, n, 3), np.float32)
+    m, s = np.zeros_like(p), np.zeros_like(p)
+    b1, b2 = 0.7, 0.999  # little momentum: the loss is nearly quadratic, overshoot only hurts
+    history: list[float] = []
+    bar = Progress(iters, f"cloth {n}x{n}, {steps} steps", enabled=progress)
+    for it in range(iters):
+        loss, g = opt.forward(p)
+        history.append(loss)
+        m = b1 * m + (1 - b1) * g
+        s = b2 * s + (1 - b2) * g * g
+        mh, sh = m / (1 - b1 ** (it + 1)), s / (1 - b2 ** (it + 1))
+        p = p - lr * decay ** it * mh / (np.sqrt(sh) + 1e-12)
+        bar.update(f"loss {loss:.3e}")
+    bar.close()
+    if result is not None:
+        result.update(optimizer=opt, params=p, steps=steps)
+    return history
+
+
+def plot_loss(history: list[float], path: str, headless: bool = True) -> None:
+    """The loss curve (log scale) drawn with the viewer's 2-D lines and saved as a PNG."""
+    x0, x1, y0, y1 = 0.12, 0.96, 0.14, 0.86   # the plot area in [0, 1]^2
+    gui = ti.GUI("cloth: loss", res=(640, 400), background_color=0xFFFFFF, headless=headless)
+    y = np.log10(np.maximum(np.asarray(history, np.float64), 1e-30))
+    lo, hi = math.floor(y.min()), math.ceil(y.max())
+    hi = hi if hi > lo else lo + 1
+    px = x0 + (x1 - x0) * np.arange(len(y)) / max(len(y) - 1, 1)
+    py = y0 + (y1 - y0) * (y - lo) / (hi - lo)
+    pts = np.stack([px, py], 1).astype(np.float32)
+    for dec in range(lo, hi + 1):  # a grid line and a label at every decade
+        yy = y0 + (y1 - y0) * (dec - lo) / (hi - lo)
+        gui.line((x0, yy), (x1, yy), radius=1, color=0xDDDDDD)
+        gui.text(f"1e{dec}", (0.01, yy + 0.02), font_size=14, color=0x444444)
+    gui.line((x0, y0), (x1, y0), radius=1.5, color=0x333333)
+    gui.line((x0, y0), (x0, y1), radius=1.5, color=0x333333)
+    if len(pts) > 1:
+        gui.lines(pts[:-1], pts[1:], radius=2, color=0x1565C0)
+    gui.circles(pts, radius=3, color=0x1565C0)
+    gui.text("0", (x0 - 0.01, y0 - 0.03), font_size=14, color=0x444444)
+    gui.text(str(len(y) - 1), (x1 - 0.02, y0 - 0.03), font_size=14, color=0x444444)
+    gui.text("iteration", (0.47, y0 - 0.03), font_size=14, color=0x444444)
+    gui.text(f"cloth: loss {history[0]:.3g} -> {history[-1]:.3g} ({history[0] / max(history[-1], 1e-30):.0f}x lower)",
+             (x0, 0.97), font_size=15, color=0x222222)
+    gui.show(path)
+    gui.close()
+
+
+# ---- drawing and interaction ----------------------------------------------------------------
+
+def _cam_vectors(camera) -> tuple:
+    """The camera's current position, look-at point, up vector and vertical fov (degrees)."""
+    return (np.asarray(camera.curr_position, np.float64), np.asarray(camera.curr_lookat, np.float64),
+            np.asarray(camera.curr_up, np.float64), float(camera.curr_fov))
+
+
+def cursor_ray(pos, lookat, up, fov_deg: float, aspect: float, cursor) -> np.ndarray:
+    """The unit direction from the camera through the cursor ((0, 0) = bottom left)."""
+    f = lookat - pos
+    f = f / np.linalg.norm(f)
+    r = np.cross(f, up)
+    r = r / np.linalg.norm(r)
+    u = np.cross(r, f)
+    th = math.tan(math.radians(fov_deg) / 2)
+    d = f + (2 * cursor[0] - 1) * th * aspect * r + (2 * cursor[1] - 1) * th * u
+    return d / np.linalg.norm(d)
+
+
+def pick_vertex(points: np.ndarray, origin, direction, max_dist: float) -> tuple[int, float]:
+    """(index, depth along the ray) of the vertex nearest to the ray, or (-1, 0) if none is close."""
+    w = points.reshape(-1, 3) - origin
+    depth = w @ direction
+    perp = np.linalg.norm(w - depth[:, None] * direction, axis=1)
+    perp[depth <= 0] = np.inf
+    i = int(np.argmin(perp))
+    return (i, float(depth[i])) if perp[i] < max_dist else (-1, 0.0)
+
+
+class ClothView:
+    """The 3-D scene of the cloth: the mesh drawn from the cloth's own fields, sphere, ground."""
+
+    def __init__(self, title: str, res: tuple[int, int], headless: bool):
+        self.window = ti.ui.Window(title, res=res, vsync=True, headless=True if headless else None)
+        self.res, self.headless = res, self.window.headless  # the viewer may go headless by itself
+        self.canvas = self.window.get_canvas()
+        self.canvas.set_background_color((0.08, 0.10, 0.14))
+        self.scene = ti.ui.Scene()
+        self.camera = ti.ui.Camera()
+        self.camera.position(0.0, 1.25, 2.1)
+        self.camera.lookat(0.0, 0.3, 0.0)
+        self.camera.up(0.0, 1.0, 0.0)
+        self.camera.fov(45.0)
+        self.sphere = _sphere_mesh(SPHERE_C, SPHERE_R)
+        self.ground = _ground_mesh()
+
+    def draw(self, cloth: Cloth, t: int, marker=None) -> None:
+        cloth.to_mesh(t)
+        s = self.scene
+        s.set_camera(self.camera)
+        s.ambient_light((0.35, 0.35, 0.38))
+        s.point_light(pos=(1.5, 3.0, 2.0), color=(0.85, 0.85, 0.8))
+        s.mesh(self.ground[0], indices=self.ground[2], normals=self.ground[1], color=(0.32, 0.36, 0.40))
+        s.mesh(self.sphere[0], indices=self.sphere[2], normals=self.sphere[1], color=(0.35, 0.55, 0.85))
+        s.mesh(cloth.verts, indices=cloth.indices, normals=cloth.normals, per_vertex_color=cloth.colors,
+               two_sided=True)
+        if marker is not None:  # a NumPy point (uploaded), not a field
+            s.particles(np.asarray([marker], np.float32), radius=0.025, color=(0.9, 0.15, 0.15))
+        self.canvas.scene(s)
+
+    def present(self, out: str | None, prefix: str, i: int) -> None:
+        if self.headless:
+            self.window.save_image(frame_file(out, prefix, i))
+        self.window.show()
+
+
+class LiveCloth:
+    """The interactive cloth: one call of frame() handles the input, steps and draws.
+
+    A left click picks the vertex nearest to the cursor's ray (one read-back of the positions per
+    click); while the button is held, that vertex follows the point under the cursor at the depth
+    where it was picked (at most max_speed m/s, so a jump of the cursor cannot tear the cloth).
+    The right button orbits the camera.
+    """
+
+    def __init__(self, n: int, res: tuple[int, int], headless: bool, substeps: int = 0, max_speed: float = 4.0):
+        self.cloth = Cloth(n)
+        self.substeps = substeps or max(1, round(1 / 60 / self.cloth.dt))
+        self.view = ClothView(f"Cloth {n}x{n}: LMB drags, RMB orbits, p/s/r", res, headless)
+        self.res, self.max_speed = res, max_speed
+        self.cur, self.picked, self.depth, self.target = 0, -1, 0.0, (0.0, 0.0, 0.0)
+        self.cloth.init(0)
+
+    def _ray(self, cam) -> np.ndarray:
+        return cursor_ray(*cam, self.res[0] / self.res[1], self.view.window.get_cursor_pos())
+
+    def frame(self) -> None:
+        w, cloth = self.view.window, self.cloth
+        cam = _cam_vectors(self.view.camera)
+        for e in w.get_events():
+            if e.type == ti.ui.PRESS and e.key == ti.ui.LMB:
+                xs = cloth.x.to_numpy()[self.cur]  # the only read-back: once per click
+                self.picked, self.depth = pick_vertex(xs, cam[0], self._ray(cam), max_dist=0.08)
+            elif e.type == ti.ui.RELEASE and e.key == ti.ui.LMB:
+                self.picked = -1
+        if w.take_reset():
+            cloth.init(0)
+            self.cur, self.picked = 0, -1
+        if self.picked >= 0:
+            self.target = tuple(float(c) for c in cam[0] + self.depth * self._ray(cam))
+        self.view.camera.track_user_inputs(w, movement_speed=0.03, hold_key=ti.ui.RMB)
+        if w.should_advance():
+            for _ in range(self.substeps):
+                cloth.step(self.cur, self.picked, self.target, self.max_speed)
+                self.cur = 1 - self.cur
+        self.view.draw(cloth, self.cur, marker=self.target if self.picked >= 0 else None)
+
+
+def run_live(args, headless: bool, frames: int | None) -> None:
+    live = LiveCloth(args.n, (args.res, args.res * 3 // 4), headless, args.substeps)
+    headless, frames = adopt_headless(args, live.view.headless, headless, frames)
+    print(f"cloth {args.n}x{args.n}, dt {live.cloth.dt:.2e}, {live.substeps} substeps per frame")
+    t0, i = time.perf_counter(), 0
+    while live.view.window.running and (frames is None or i < frames):
+        live.frame()
+        live.view.present(args.out, "cloth", i)
+        i += 1
+    ti.sync()
+    dt = time.perf_counter() - t0
+    print(f"{i} frames in {dt:.1f}s ({i / max(dt, 1e-9):.1f} frames/s)")
+
+
+def run_optimize(args, headless: bool, frames: int | None) -> list[float]:
+    t0 = time.perf_counter()
+    result: dict = {}
+    history = optimize(args.opt_n, args.duration, args.iters, lr=args.lr, result=result)
+    dt = time.perf_counter() - t0
+    print(f"loss {history[0]:.4e} -> {history[-1]:.4e} ({history[0] / max(history[-1], 1e-30):.0f}x lower) "
+          f"in {args.iters} iterations, {dt:.1f}s ({result['steps']} steps of a {args.opt_n}x{args.opt_n} cloth)")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "cloth_loss.png")
+    plot_loss(history, path)
+    print(f"loss curve: {path}")
+    # the learned throw: the stored trajectory of the last forward pass (the tape kept every step)
+    opt = result["optimizer"]
+    opt.forward(result["params"], grad=False)
+    view = ClothView("Cloth: learned initial velocity (red: the target)", (args.res, args.res * 3 // 4), headless)
+    headless, frames = adopt_headless(args, view.headless, headless, frames)
+    cycle = frames or 120  # headless: `frames` pictures of the throw; a window replays it in a loop
+    i = 0
+    while view.window.running and (frames is None or i < frames):
+        view.draw(opt.cloth, round((i % cycle) * opt.steps / max(cycle - 1, 1)), marker=opt.target)
+        view.present(args.out, "cloth_opt", i)
+        i += 1
+    return history
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--n", type=int, default=32, help="vertices per side of the live cloth (default 32)")
+    p.add_argument("--substeps", type=int, default=0, help="time steps per frame (default: 1/60 s)")
+    p.add_argument("--res", type=int, default=800, help="window width in pixels (default 800)")
+    p.add_argument("--optimize", action="store_true", help="learn the initial velocity (differentiable cloth)")
+    p.add_argument("--iters", type=int, default=30, help="optimisation iterations (default 30)")
+    p.add_argument("--opt-n", type=int, default=12, help="vertices per side when optimising (default 12)")
+    p.add_argument("--duration", type=float, default=0.45, help="simulated seconds when optimising")
+    p.add_argument("--lr", type=float, default=0.2, help="Adam learning rate, m/s (default 0.2)")
+    add_view_args(p, default_frames=8)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    headless, frames = resolve_view(args, "cloth")
+    ti.init()
+    if args.optimize:
+        run_optimize(args, headless, frames)
+    else:
+        run_live(args, headless, frames)
+
+
+if __name__ == "__main__":
+    main()

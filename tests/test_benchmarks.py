@@ -1,0 +1,64 @@
+"""The benchmark harness as a smoke test: `python -m benchmarks --quick` runs every workload on
+wgpu_ad and the hand-written WGSL (and on Taichi when it is installed), prints the table, and
+wgpu_ad's losses and gradient entries match the float64 NumPy references. No timing assertions."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICK_WORKLOADS = ("gravity", "cloth", "reduction", "scatter", "launch")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "quick.json"
+    systems = ["wgpu_ad", "wgsl"]
+    if importlib.util.find_spec("taichi") is not None:
+        systems += ["taichi-vulkan", "taichi-cpu"]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--json", str(out),
+                        "--systems", ",".join(systems)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 0, f"benchmark harness failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    with open(out, encoding="utf-8") as f:
+        return r.stdout, json.load(f), systems
+
+
+def test_quick_run_prints_the_table(quick_run):
+    stdout, data, systems = quick_run
+    assert "| case | mode | " + " | ".join(systems) + " |" in stdout
+    for w in QUICK_WORKLOADS:
+        assert f"| {w} " in stdout, f"no table row for {w}"
+    assert "| compile cloth n=8 | first run |" in stdout
+    assert [c["workload"] for c in data["cases"]] == list(QUICK_WORKLOADS)
+
+
+@pytest.mark.parametrize("system", ["wgpu_ad", "wgsl"])
+def test_results_match_the_float64_reference(quick_run, system):
+    _, data, _ = quick_run
+    for case in data["cases"]:
+        assert system not in case["errors"], f"{system} failed on {case['case']}: {case['errors'].get(system)}"
+        check = case["checks"][system]
+        ref = case["reference"]
+        assert check["loss"] == pytest.approx(ref["loss"], rel=case["tol"]), case["case"]
+        if ref["grad"] is not None:
+            assert check["grad"] == pytest.approx(ref["grad"], rel=case["tol"]), case["case"]
+        assert check["ok"]
+        for mode in case["modes"]:
+            assert case["median"][system][mode] > 0
+
+
+def test_compile_times_are_measured(quick_run):
+    _, data, _ = quick_run
+    c = data["compile"]
+    for s in ("wgpu_ad", "wgsl"):
+        assert s not in c["errors"], c["errors"][s]
+        r = c["systems"][s]
+        assert r["first_ms"] > 0 and r["cached_ms"] > 0
+        assert set(r["first_parts_ms"]) == {"step", "loss", "loss.grad", "step.grad"}

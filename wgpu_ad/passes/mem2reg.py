@@ -1,0 +1,56 @@
+"""Variables stored once become values.
+
+A local variable with a single store, in the block that declares it, and read only after that
+store, always holds the stored value: its loads are replaced by the value and the variable goes
+away. Besides shorter WGSL, this lets the access analyses of autodiff see through index variables
+(`nxt = t + 1; v[nxt, i] = ...` is then known to write row t + 1).
+"""
+from __future__ import annotations
+
+from ..ir.nodes import Block, Kernel, Stmt
+from ..ir.ops import Op
+from ..ir.utils import kernel_blocks, substitute
+
+
+def mem2reg(kernel: Kernel) -> Kernel:
+    order: dict[int, int] = {}
+    parent: dict[int, Block] = {}
+    stores: dict[int, list] = {}
+    loads: dict[int, list] = {}
+    allocas: list[Stmt] = []
+
+    def visit(block: Block):
+        for s in block.stmts:
+            order[id(s)] = len(order)
+            parent[id(s)] = block
+            if s.op is Op.ALLOCA:
+                allocas.append(s)
+            elif s.op is Op.LOCAL_STORE:
+                stores.setdefault(id(s.args[0]), []).append(s)
+            elif s.op is Op.LOCAL_LOAD:
+                loads.setdefault(id(s.args[0]), []).append(s)
+            for b in s.blocks:
+                visit(b)
+    for t in kernel.tasks:
+        for blk in (t.bounds, t.body, t.epilogue):
+            visit(blk)
+    mapping: dict[Stmt, Stmt] = {}
+    dead: set[int] = set()
+    for a in allocas:
+        st = stores.get(id(a), [])
+        if len(st) != 1 or parent[id(st[0])] is not parent[id(a)]:
+            continue
+        store = st[0]
+        if any(order[id(ld)] < order[id(store)] for ld in loads.get(id(a), [])):
+            continue
+        value = store.args[1]
+        for ld in loads.get(id(a), []):
+            mapping[ld] = value
+            dead.add(id(ld))
+        dead.update((id(a), id(store)))
+    if not dead:
+        return kernel
+    substitute(kernel, mapping)
+    for blk in kernel_blocks(kernel):
+        blk.stmts = [s for s in blk.stmts if id(s) not in dead]
+    return kernel
