@@ -3,8 +3,9 @@
 Each measurement is a fresh process (`python -m benchmarks.compile_time SYSTEM n steps CACHE`):
 'first run' with empty cache folders, then 'cached' in a second fresh process given the same
 folders, as a user's second run of a script would be. Every cache we know of is pointed there:
-XDG_CACHE_HOME (Mesa's shader cache), Taichi's offline cache, and WGPU_AD_CACHE_DIR for a future
-wgpu_ad disk cache. A kernel's compile time is its first call minus its second call (both
+XDG_CACHE_HOME and MESA_SHADER_CACHE_DIR (Mesa's shader cache: lavapipe keeps its compiled
+pipelines there, ~/.cache/mesa_shader_cache by default), Taichi's offline cache, and
+WGPU_AD_CACHE_DIR for a future wgpu_ad disk cache. A kernel's compile time is its first call minus its second call (both
 synced), so the time of running it once is not counted. Before that, each process launches one
 trivial kernel: the start-up of import, device and driver (lavapipe spends ~0.5 s on its first
 pipeline and dispatch, whatever the shader) is reported apart, as `init_ms`.
@@ -100,6 +101,8 @@ def _measure_wgsl(p: dict, t0: float) -> dict:
 
 
 def _run_one(system: str, p: dict, cache: str) -> dict:
+    for sub in ("mesa", "wgpu_ad", "taichi"):
+        os.makedirs(os.path.join(cache, sub), exist_ok=True)  # Mesa silently caches nothing otherwise
     env = dict(os.environ)
     env.update({"XDG_CACHE_HOME": cache, "MESA_SHADER_CACHE_DIR": os.path.join(cache, "mesa"),
                 "WGPU_AD_CACHE_DIR": os.path.join(cache, "wgpu_ad")})

@@ -18,6 +18,7 @@ WGSL_DIR = Path(__file__).resolve().parent / "wgsl"
 _VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 _USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 UNIFORM_STRIDE = 256  # >= min-uniform-buffer-offset-alignment on every adapter
+SUBMIT_EVERY = 256    # dispatches per submit: the device starts on a batch while the next is recorded
 
 
 def load_wgsl(name: str, **values) -> str:
@@ -115,24 +116,27 @@ class RawGpu:
 
     def run(self, dispatches: Sequence[tuple], clears: Sequence[wgpu.GPUBuffer] = ()) -> None:
         """Clear `clears`, then record dispatches (kernel, bind group, workgroups[, uniform row])
-        in one compute pass and submit (no wait)."""
-        enc = self.device.create_command_encoder()
-        for buf in clears:
-            enc.clear_buffer(buf)
-        cpass = enc.begin_compute_pass()
-        last = None
-        for d in dispatches:
-            kernel, bg, groups = d[0], d[1], d[2]
-            if kernel.pipeline is not last:
-                cpass.set_pipeline(kernel.pipeline)
-                last = kernel.pipeline
-            if len(d) > 3:
-                cpass.set_bind_group(0, bg, [d[3] * UNIFORM_STRIDE])
-            else:
-                cpass.set_bind_group(0, bg)
-            cpass.dispatch_workgroups(groups)
-        cpass.end()
-        self.device.queue.submit([enc.finish()])
+        in compute passes of SUBMIT_EVERY dispatches, each submitted as soon as it is recorded
+        (no wait), so the device runs one batch while the next is recorded."""
+        for start in range(0, max(1, len(dispatches)), SUBMIT_EVERY):
+            enc = self.device.create_command_encoder()
+            if start == 0:
+                for buf in clears:
+                    enc.clear_buffer(buf)
+            cpass = enc.begin_compute_pass()
+            last = None
+            for d in dispatches[start:start + SUBMIT_EVERY]:
+                kernel, bg, groups = d[0], d[1], d[2]
+                if kernel.pipeline is not last:
+                    cpass.set_pipeline(kernel.pipeline)
+                    last = kernel.pipeline
+                if len(d) > 3:
+                    cpass.set_bind_group(0, bg, [d[3] * UNIFORM_STRIDE])
+                else:
+                    cpass.set_bind_group(0, bg)
+                cpass.dispatch_workgroups(groups)
+            cpass.end()
+            self.device.queue.submit([enc.finish()])
 
 
 class RawKernel:
