@@ -22,9 +22,31 @@ def _overlap(a: tuple, b: tuple) -> bool:
     return all(x is None or y is None or x == y for x, y in zip(a, b))
 
 
+class _Bucketed:
+    """Footprints of one storage, bucketed by their first index component, so that step-indexed
+    state (x[t, ...]) compares each launch only with the entries of the same step: linear."""
+
+    def __init__(self):
+        self.by_first: dict = {}
+        self.wild: list = []   # first component unknown: meets everything
+
+    def add(self, idx: tuple, item) -> None:
+        first = idx[0] if idx else None
+        (self.wild if first is None else self.by_first.setdefault(first, [])).append((idx, item))
+
+    def candidates(self, idx: tuple):
+        first = idx[0] if idx else None
+        if first is None:
+            for lst in self.by_first.values():
+                yield from lst
+        else:
+            yield from self.by_first.get(first, ())
+        yield from self.wild
+
+
 def check_overwrites(entries) -> None:
-    reads: dict[int, list] = {}   # id(storage) -> [(index, kernel name, launch number)]
-    writes: dict[int, list] = {}  # id(storage) -> [(index, kind, kernel name, launch number)]
+    reads: dict[int, _Bucketed] = {}   # id(storage) -> (index, (kernel name, launch number))
+    writes: dict[int, _Bucketed] = {}
     n = 0
     for e in entries:
         if e.kind == "custom" or getattr(e, "opaque", False):
@@ -36,7 +58,8 @@ def check_overwrites(entries) -> None:
             for obj, kind, idx in fp:
                 if kind == "load" or getattr(obj, "is_grad", False):
                     continue
-                for r_idx, r_name, r_n in reads.get(id(obj), ()):
+                bucket = reads.get(id(obj))
+                for r_idx, (r_name, r_n) in (bucket.candidates(idx) if bucket else ()):
                     if _overlap(idx, r_idx):
                         raise WgpuAdError(
                             f"ti.ad.Tape: kernel '{name}' (launch {n} on the tape) writes elements of "
@@ -46,7 +69,8 @@ def check_overwrites(entries) -> None:
                             f"step: x[t + 1] = f(x[t])), or check the actual values with "
                             f"ti.ad.Tape(..., validation=True)")
                 if kind in ("store", "atomic"):
-                    for w_idx, w_kind, w_name, w_n in writes.get(id(obj), ()):
+                    bucket = writes.get(id(obj))
+                    for w_idx, (w_name, w_n) in (bucket.candidates(idx) if bucket else ()):
                         if _overlap(idx, w_idx):
                             raise WgpuAdError(
                                 f"ti.ad.Tape: kernel '{name}' (launch {n} on the tape) overwrites elements of "
@@ -62,7 +86,5 @@ def check_overwrites(entries) -> None:
                 if key in seen:
                     continue  # the same elements through several statements: one entry
                 seen.add(key)
-                if kind == "load":
-                    reads.setdefault(id(obj), []).append((idx, name, n))
-                else:
-                    writes.setdefault(id(obj), []).append((idx, kind, name, n))
+                table = reads if kind == "load" else writes
+                table.setdefault(id(obj), _Bucketed()).add(idx, (name, n))

@@ -169,14 +169,14 @@ def launch(kobj, c, specs, args, rt):
         else:
             bound = c.bounds[ti]
             if bound is None:
-                wg = DYNAMIC_WORKGROUPS
+                wg = min(DYNAMIC_WORKGROUPS, rt.grid_cap)
             else:
                 if vals is None:
                     vals = c.pack.unpack(packed)
                 n = bound(vals)
                 if n <= 0:
                     continue
-                wg = min(-(-n // task.workgroup_size), rt.max_workgroups)
+                wg = min(-(-n // task.workgroup_size), rt.grid_cap)
             if task.stack_words:  # every thread needs its own stack slice: bound the grid
                 per_wg = task.stack_words * 4 * task.workgroup_size
                 wg = max(1, min(wg, rt.max_scratch_bytes // per_wg))

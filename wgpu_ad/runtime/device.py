@@ -57,6 +57,11 @@ class Runtime:
         self.random_seed = int(random_seed)
         self._seed_counter = 0
         self.max_workgroups: int = self.limits["max-compute-workgroups-per-dimension"]
+        # how many workgroups a range launch uses at most (the grid-stride loop does the rest): on a
+        # CPU adapter every workgroup costs setup and barrier rounds, and a few hundred keep all
+        # cores busy (benchmarks/RESULTS.md: 4-13x faster there); GPUs get the full grid
+        cpu = str(self.adapter.info.get("adapter_type", "")).upper() == "CPU"
+        self.grid_cap: int = 256 if cpu else self.max_workgroups
         self.max_pending = _MAX_PENDING
         self.lost: str | None = None  # set by the wgpu log watcher when the device is lost
 
