@@ -6,6 +6,7 @@ A Ref is a list of scalar slots with a shape; `load` gives a value, `store` writ
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from ..errors import CompileError
@@ -19,10 +20,11 @@ _ATOMIC_BINOP = {AtomicKind.ADD: Op.ADD, AtomicKind.SUB: Op.SUB, AtomicKind.MIN:
                  AtomicKind.XOR: Op.BIT_XOR}
 
 
-class Ref:
+class Ref(ABC):
 
+    @abstractmethod
     def scalar_refs(self) -> list["Ref"]:
-        raise NotImplementedError  # every subclass defines it
+        """One ref per scalar component, in row-major order."""
 
     def _assemble(self, vals: list):
         return vals[0] if self.shape == () else Mat(vals, self.shape)

@@ -7,6 +7,7 @@ row-major over `shape`, element components innermost; scalar index = flat(I) * p
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 import operator
 import weakref
 
@@ -57,7 +58,7 @@ def normalize_shape(shape, what: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-class Storage:
+class Storage(ABC):
     """Base of Field and Ndarray. Subclasses set `_kind` ('field' / 'ndarray') for messages."""
 
     _kind = "storage"
@@ -107,9 +108,9 @@ class Storage:
             return f"{self._label()} is a gradient and has no gradient of its own"
         return f"{self._label()} has no gradient: create it with needs_grad=True before using {n}.grad"
 
+    @abstractmethod
     def _new_grad(self) -> "Storage":
         """A storage like self, marked as self's gradient (subclasses construct the right type)."""
-        raise NotImplementedError
 
     def _attach_grad(self) -> None:
         if self._grad is None:
