@@ -68,15 +68,19 @@ class Namer:
 
     def __init__(self, taken=()):
         self.taken: set[str] = set(RESERVED) | set(taken)
+        self._next: dict[str, int] = {}  # per hint: the next suffix to try (keeps naming linear)
 
     def reserve(self, *names: str) -> None:
         self.taken.update(names)
 
     def fresh(self, hint: str | None, fallback: str = "v") -> str:
         base = sanitize(hint, fallback)
-        name, k = base, 1
-        while name in self.taken:
+        name, k = base, self._next.get(base, 1)
+        if name in self.taken:
             name = f"{base}_{k}"
-            k += 1
+            while name in self.taken:
+                k += 1
+                name = f"{base}_{k}"
+            self._next[base] = k + 1
         self.taken.add(name)
         return name
