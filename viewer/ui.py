@@ -78,12 +78,8 @@ class Canvas:
               index_count: int | None = None) -> None:
         """Segments between vertex pairs (2 k, 2 k + 1), or index pairs; width: fraction of the height."""
         f = self._frame()
-        v = vectors(vertices, 2, "canvas.lines(vertices)", f.up)
-        ix = None if indices is None else index_src(indices, "canvas.lines(indices)", f.up)
-        if ix is not None:
-            ends, add = (ix.count - index_offset if index_count is None else index_count), index_offset
-        else:
-            ends, add = (v.count - vertex_offset if vertex_count is None else vertex_count), vertex_offset
+        v, ix, ends, add = _vertex_range(f, "canvas.lines", vertices, indices, vertex_offset, vertex_count,
+                                         index_offset, index_count)
         col, _ = self._colors(f, color, per_vertex_color, "canvas.lines")
         c2d.segments(f, Input(v, 2, add, ix), Input(v, 2, add + 1, ix), const(self._px(width) / 2),
                      Input(col, 2, add, ix), max(ends, 0) // 2)
@@ -92,12 +88,8 @@ class Canvas:
                   vertex_offset: int = 0, vertex_count: int | None = None, index_offset: int = 0,
                   index_count: int | None = None) -> None:
         f = self._frame()
-        v = vectors(vertices, 2, "canvas.triangles(vertices)", f.up)
-        ix = None if indices is None else index_src(indices, "canvas.triangles(indices)", f.up)
-        if ix is not None:
-            corners, add = (ix.count - index_offset if index_count is None else index_count), index_offset
-        else:
-            corners, add = (v.count - vertex_offset if vertex_count is None else vertex_count), vertex_offset
+        v, ix, corners, add = _vertex_range(f, "canvas.triangles", vertices, indices, vertex_offset,
+                                            vertex_count, index_offset, index_count)
         col, per_vertex = self._colors(f, color, per_vertex_color, "canvas.triangles")
         corners_in = [Input(v, 3, add + k, ix) for k in range(3)]
         c2d.triangles(f, *corners_in, Input(col, 1 if per_vertex else 3, add, ix), max(corners, 0) // 3,
@@ -244,3 +236,12 @@ class Window:
 __all__ = ["Window", "Canvas", "Scene", "Camera", "WindowGUI", "PRESS", "RELEASE", "MOTION", "WHEEL", "LMB",
            "MMB", "RMB", "ESCAPE", "RETURN", "TAB", "BACKSPACE", "SPACE", "UP", "DOWN", "LEFT", "RIGHT", "SHIFT",
            "CTRL", "ALT", "CAPSLOCK", "EXIT"]
+
+
+def _vertex_range(f, what: str, vertices, indices, vertex_offset, vertex_count, index_offset, index_count):
+    """(vertex source, index source or None, how many vertices/indices to draw, first one)."""
+    v = vectors(vertices, 2, f"{what}(vertices)", f.up)
+    ix = None if indices is None else index_src(indices, f"{what}(indices)", f.up)
+    if ix is not None:
+        return v, ix, (ix.count - index_offset if index_count is None else index_count), index_offset
+    return v, None, (v.count - vertex_offset if vertex_count is None else vertex_count), vertex_offset
