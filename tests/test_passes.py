@@ -477,7 +477,7 @@ def test_replace_uses_rewrites_operands_and_task_bounds():
 
 
 def test_pipeline_lists_named_passes_and_prints_ir(capsys, monkeypatch):
-    assert [name for name, _ in PASSES] == ["mem2reg", "constant_fold", "cse", "dce"]
+    assert [name for name, _ in PASSES] == ["mem2reg", "constant_fold", "cse", "licm", "dce"]
     k, b = serial_kernel(ret=i32)
     b.emit(Op.RETURN, [b.add(b.const(1, i32), b.const(2, i32))])
     optimize(k, print_ir=True)
@@ -745,3 +745,87 @@ def test_mem2reg_turns_single_store_variables_into_values():
     allocas = [s for s in k.tasks[0].body.stmts if s.op is Op.ALLOCA]
     assert [a.name for a in allocas] == ["w"]
     assert run_kernel(k, [], []) == before == 10
+
+
+# ---- loop-invariant code motion ------------------------------------------------------------
+
+def test_licm_hoists_invariant_values_and_read_only_loads_out_of_nested_loops():
+    from wgpu_ad.passes.licm import licm
+    x, out = buf("x", f32), buf("out", f32)
+    k, b, t = range_kernel(4, x, out)
+    i = b.loop_index(t)
+    outer = b.range_for(b.const(0, i32), b.const(3, i32))
+    with b.at(outer.blocks[0]):
+        j = b.loop_index(outer)
+        inner = b.range_for(b.const(0, i32), b.const(2, i32))
+        with b.at(inner.blocks[0]):
+            xi = load(b, x, i)                         # depends on the thread only: out of both loops
+            scaled = b.mul(xi, b.const(2.0, f32))
+            xj = load(b, x, j)                         # depends on the outer loop: out of the inner one
+            cond = b.emit(Op.LT, [xj, scaled], u1)
+            s = b.if_(cond)
+            with b.at(s.blocks[0]):
+                guarded = b.add(xi, b.const(1.0, f32))  # inside an IF: stays
+                b.emit(Op.ATOMIC, [i, guarded], f32, (AtomicKind.ADD, out))
+            b.emit(Op.ATOMIC, [i, b.add(scaled, xj)], f32, (AtomicKind.ADD, out))
+    xs = np.array([0.5, -1.0, 2.0, 3.0], np.float32)
+    k = check_pass(k, licm, [([xs, np.zeros(4, np.float32)], [])])
+    body = t.body.stmts
+    assert xi in body and scaled in body and body.index(scaled) < body.index(outer)
+    assert xj in outer.blocks[0].stmts and body.index(outer) > 0
+    assert guarded in s.blocks[0].stmts
+    # against NumPy: out[i] = sum_j sum_k (2 x_i + x_j) + [x_j < 2 x_i] (x_i + 1)
+    res = np.zeros(4, np.float32)
+    run_kernel(k, [xs.copy(), res], [])
+    x64 = xs.astype(np.float64)
+    want = [2 * sum((2 * xi_ + x64[j_]) + (x64[j_] < 2 * xi_) * (xi_ + 1) for j_ in range(3)) for xi_ in x64]
+    np.testing.assert_allclose(res, want, rtol=1e-6)
+
+
+def test_licm_keeps_loads_of_written_buffers_and_variables_the_loop_writes():
+    from wgpu_ad.passes.licm import licm
+    a, out = buf("a", i32), buf("out", i32)
+    k, b = serial_kernel(a, out)
+    i0, i1 = b.const(0, i32), b.const(1, i32)
+    acc = b.alloca(i32, "acc")
+    b.store(acc, i0)
+    fixed = b.alloca(i32, "fixed")
+    b.store(fixed, b.const(7, i32))
+    loop = b.range_for(i0, b.const(3, i32))
+    with b.at(loop.blocks[0]):
+        seen = load(b, out, i0)      # `out` is written in the task (after the loop): stays
+        cur = b.load(acc)            # acc is written in the loop: stays
+        f = b.load(fixed)            # fixed is not: moves
+        b.store(acc, b.add(b.add(cur, f), load(b, a, i0)))   # `a` is read-only: its load moves
+        b.store(acc, b.add(b.load(acc), seen))
+    store(b, out, i1, b.load(acc))
+    store(b, out, i0, b.const(1, i32))
+    k = check_pass(k, licm, [([np.array([5, 0], np.int32), np.array([4, 0], np.int32)], [])])
+    inside = loop.blocks[0].stmts
+    assert seen in inside and cur in inside and f not in inside
+    assert not any(s.op is Op.GLOBAL_LOAD and s.attr is a for s in inside)
+    a_data, out_data = np.array([5, 0], np.int32), np.array([4, 0], np.int32)
+    run_kernel(k, [a_data, out_data], [])
+    assert out_data[1] == 3 * (7 + 5 + 4)
+
+
+def test_licm_keeps_the_loop_index_and_values_of_a_while_loop_that_change():
+    from wgpu_ad.passes.licm import licm
+    out = buf("out", i32)
+    k, b = serial_kernel(out)
+    n = b.alloca(i32, "n")
+    b.store(n, b.const(0, i32))
+    w = b.emit(Op.WHILE, [], None, blocks=[Block()])
+    with b.at(w.blocks[0]):
+        ten = b.mul(b.const(5, i32), b.const(2, i32))
+        cur = b.load(n)
+        stop = b.if_(b.emit(Op.GE, [cur, ten], u1))
+        with b.at(stop.blocks[0]):
+            b.emit(Op.BREAK)
+        b.store(n, b.add(cur, b.const(3, i32)))
+    store(b, out, b.const(0, i32), b.load(n))
+    k = check_pass(k, licm, [([np.zeros(1, np.int32)], [])])
+    assert ten not in w.blocks[0].stmts and cur in w.blocks[0].stmts
+    res = np.zeros(1, np.int32)
+    run_kernel(k, [res], [])
+    assert res[0] == 12

@@ -16,7 +16,7 @@ from ..ir.nodes import ArgSlot, Block, Buffer, Kernel, Stmt, Task, walk
 from ..ir.ops import Op
 from ..types import DType, MatrixType, VectorType, i32, u32
 from . import builtins as B
-from .loops import analyze_iter, bind_targets, trip_count
+from .loops import loop_var_name, analyze_iter, bind_targets, trip_count
 from .lower import FuncLowerer, LoopCtx, ParsedFunc, ReturnCtx
 from .methods import loop_config as _loop_config_marker
 from .values import Mat, Ops, is_static
@@ -69,6 +69,7 @@ class KernelContext:
         self.pending_config: dict = {}
         self.ret_dtype: DType | None = None
         self.in_parallel = False
+        self.min_parallel: int | None = None
 
     def buffer_for(self, obj) -> Buffer:
         buf = self.buffers.get(id(obj))
@@ -138,9 +139,14 @@ def _loop_is_static(fl: FuncLowerer, node: ast.For) -> bool:
     return isinstance(it, ast.Call) and _resolve(fl.globals, it.func) is static
 
 
-def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool) -> Kernel:
+def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
+                 min_parallel: int | None = None) -> Kernel:
+    """Python kernel -> IR. `min_parallel`: when set, a multi-dimensional parallel loop with
+    constant extents runs its leading dimensions in parallel (as few as give at least this many
+    threads) and the rest as serial loops inside each thread (see _parallel_prefix)."""
     pf = ParsedFunc.parse(fn)
     k = KernelContext(name, pf, debug)
+    k.min_parallel = min_parallel
     k.ret_dtype = ret_dtype
     k.kernel.ret = ret_dtype
     # argument slots and buffers, shared by all tasks
@@ -326,19 +332,21 @@ def _range_task(k: KernelContext, new_lowerer, task_env, prelude, tasks, st: ast
         else:
             extents = [o.binary(Op.SUB, hi, lo) if not (is_static(hi) and is_static(lo)) else hi - lo
                        for lo, hi in spec.dims]
+            npar = _parallel_prefix(extents, k.min_parallel)
             total = 1
-            for e in extents:
+            for e in extents[:npar]:
                 total = o.binary(Op.MUL, total, e)
             begin, end = o.to_stmt(0, i32), o.to_stmt(total, i32)
         task.begin, task.end = begin, end
     with k.builder.at(task.body):
         k.builder.loc = fl.pf.loc(st)
-        idx = k.builder.loop_index(task, name="i" if isinstance(st.target, ast.Name) else "idx")
+        b = k.builder
+        idx = b.loop_index(task, name="i" if isinstance(st.target, ast.Name) else "idx")
         if extents is None:
             indices = [idx if spec.step == 1 else o.binary(Op.ADD, spec.dims[0][0], o.binary(Op.MUL, idx, spec.step))]
         else:
             indices, rest = [None] * len(extents), idx
-            for d in range(len(extents) - 1, -1, -1):
+            for d in range(npar - 1, -1, -1):
                 if d == 0:
                     q = rest
                 else:
@@ -349,6 +357,13 @@ def _range_task(k: KernelContext, new_lowerer, task_env, prelude, tasks, st: ast
                 indices[d] = q if is_static(lo) and lo == 0 else o.binary(Op.ADD, q, lo)
                 if d:
                     rest = div
+            for d in range(npar, len(extents)):  # the trailing dimensions: serial loops in each thread
+                loop = b.range_for(o.to_stmt(0, i32), o.to_stmt(extents[d], i32),
+                                   name=loop_var_name(st.target, d, spec.grouped))
+                b.block = loop.blocks[0]
+                q = b.loop_index(loop, name=loop.name)
+                lo = spec.dims[d][0]
+                indices[d] = q if is_static(lo) and lo == 0 else o.binary(Op.ADD, q, lo)
         bindings = bind_targets(fl, st, spec, indices)
         k.in_parallel = True
         fl.parallel_scope = len(fl.scopes)
@@ -357,3 +372,23 @@ def _range_task(k: KernelContext, new_lowerer, task_env, prelude, tasks, st: ast
         finally:
             k.in_parallel = False
     return task
+
+
+def _parallel_prefix(extents: list, min_parallel: int | None) -> int:
+    """How many leading dimensions of a parallel ndrange run in parallel.
+
+    All of them by default. With min_parallel (set on CPU adapters, where a few thousand threads
+    fill every core), the fewest leading dimensions whose extents give at least that many threads:
+    each thread then loops over the trailing dimensions itself, so what depends only on the
+    leading indices (x[i] in a pair sum, an accumulation into y[i]) is loaded or accumulated once
+    per thread instead of once per iteration (passes/licm.py hoists it out of the inner loops).
+    Iterations of a parallel loop may run in any order, so this changes no result."""
+    n = len(extents)
+    if min_parallel is None or not all(isinstance(e, int) for e in extents):
+        return n
+    threads = 1
+    for d, e in enumerate(extents):
+        threads *= e
+        if threads >= min_parallel:
+            return d + 1
+    return n

@@ -160,7 +160,7 @@ def lower_serial_for(fl, node: ast.For) -> None:
         lo2, hi2 = trip_count(fl, lo, hi, spec.step)
         with b.at(block):
             loop = b.range_for(o.to_stmt(lo2, i32), o.to_stmt(hi2, i32),
-                               name=_target_name(node.target, k, spec.grouped))
+                               name=loop_var_name(node.target, k, spec.grouped))
         outer = outer or loop
         block = loop.blocks[0]
         with b.at(block):
@@ -174,7 +174,7 @@ def lower_serial_for(fl, node: ast.For) -> None:
     fl._after_loop(node)
 
 
-def _target_name(t: ast.expr, k: int, grouped: bool) -> str | None:
+def loop_var_name(t: ast.expr, k: int, grouped: bool) -> str | None:
     if isinstance(t, ast.Name):
         return t.id if not grouped else f"{t.id}_{k}"
     if isinstance(t, (ast.Tuple, ast.List)) and k < len(t.elts) and isinstance(t.elts[k], ast.Name):

@@ -188,8 +188,8 @@ class Kernel:
     # ---- compilation ------------------------------------------------------------------
     def _compile(self, specs, key, rt) -> _Compiled:
         from ..frontend.kernel import lower_kernel
-        return _build(lambda: lower_kernel(self.fn, self.__name__, specs, self.ret_dtype, debug=rt.debug),
-                      specs, rt)
+        return _build(lambda: lower_kernel(self.fn, self.__name__, specs, self.ret_dtype, debug=rt.debug,
+                                           min_parallel=getattr(rt, "min_parallel", None)), specs, rt)
 
     def _get(self, args):
         rt = _get_runtime()

@@ -15,6 +15,7 @@ from ..ir.printer import format_kernel
 from ..ir.verifier import VerifyError, verify as verify_ir
 from .cse import cse
 from .dce import dce
+from .licm import licm
 from .mem2reg import mem2reg
 from .simplify import constant_fold
 
@@ -24,6 +25,7 @@ PASSES: list[tuple[str, Pass]] = [
     ("mem2reg", mem2reg),
     ("constant_fold", constant_fold),
     ("cse", cse),
+    ("licm", licm),
     ("dce", dce),
 ]
 

@@ -10,6 +10,7 @@ its bytes are written right before the submit that uses them.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Callable
 
 import numpy as np
@@ -62,6 +63,10 @@ class Runtime:
         # cores busy (benchmarks/RESULTS.md: 4-13x faster there); GPUs get the full grid
         cpu = str(self.adapter.info.get("adapter_type", "")).upper() == "CPU"
         self.grid_cap: int = 256 if cpu else self.max_workgroups
+        # on a CPU adapter a few thousand threads fill every core: multi-dimensional parallel loops
+        # keep just enough leading dimensions parallel and loop over the rest in each thread
+        # (frontend/kernel.py _parallel_prefix); GPUs want every iteration as a thread
+        self.min_parallel: int | None = max(1024, 256 * (os.cpu_count() or 1)) if cpu else None
         self.max_pending = _MAX_PENDING
         self.lost: str | None = None  # set by the wgpu log watcher when the device is lost
 
