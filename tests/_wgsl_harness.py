@@ -28,7 +28,7 @@ def _device():
     adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
     if adapter is None:
         return None
-    wanted = [f for f in ("shader-float32-atomic", "shader-f16") if f in adapter.features]
+    wanted = [f for f in ("shader-float32-atomic", "shader-f16", "subgroup") if f in adapter.features]
     limits = {k: adapter.limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
                                               "max-compute-invocations-per-workgroup",
                                               "max-compute-workgroup-size-x")}

@@ -225,6 +225,56 @@ def test_int_atomics():
     assert list(res.buffers[2]) == [0xFFFF, (2**32 - 1) & ~0x7F, xor]
 
 
+@pytest.mark.parametrize("float_atomics", [True, False], ids=["native", "cas"])
+def test_subgroup_aggregated_adds_to_elements_every_thread_shares(float_atomics):
+    """Atomic adds whose old value is unused and whose element is the same in every thread (a
+    constant, or a serial loop's index: the j of a pair sum) go through the subgroup helper: one
+    atomic per subgroup. Counts and sums of small integers are exact in f32, so every element is
+    checked exactly, through f32, i32 and u32 buffers, with add and sub; the thread count is no
+    multiple of any subgroup size, so the last subgroup is partial."""
+    if not H.has_feature("subgroup"):
+        pytest.skip("adapter lacks subgroup operations")
+    if float_atomics and not H.has_feature("shader-float32-atomic"):
+        pytest.skip("adapter lacks shader-float32-atomic")
+    n, m = 20_003, 7
+    kb = KB("agg")
+    One, Row, Mod, Each = kb.buf("one", f32), kb.buf("row", f32), kb.buf("mod3", i32), kb.buf("each", u32)
+    b, i = kb.range(0, n)
+    fi = b.cast(b.emit(Op.MOD, [i, b.const(5, i32)]), f32)
+    atomic(b, AtomicKind.ADD, One, b.const(0, i32), fi)
+    atomic(b, AtomicKind.SUB, One, b.const(1, i32), b.const(1.0, f32))
+    atomic(b, AtomicKind.ADD, Each, i, b.const(3, u32))            # a different element per thread
+    loop = b.range_for(b.const(0, i32), b.const(m, i32))
+    with b.at(loop.blocks[0]):
+        k = b.loop_index(loop)
+        atomic(b, AtomicKind.ADD, Row, k, b.mul(fi, b.cast(k, f32)))
+        atomic(b, AtomicKind.ADD, Mod, b.emit(Op.MOD, [b.add(k, b.const(1, i32)), b.const(3, i32)]), b.const(2, i32))
+    bufs = [np.zeros(2, F32), np.zeros(m, F32), np.zeros(3, I32), np.zeros(n, U32)]
+    ck, res = compile_run(kb.kernel(), bufs, float_atomics=float_atomics, subgroups=True, groups=13)
+    wgsl = ck.tasks[0].wgsl
+    assert wgsl.count("subgroupAdd(operand)") == 4 and "subgroupAll(elem == first)" in wgsl
+    assert "subgroup_add_each" not in wgsl     # thread-dependent elements keep the plain atomic
+    ii = np.arange(n)
+    assert res.buffers[0][0] == (ii % 5).sum() and res.buffers[0][1] == -n
+    np.testing.assert_array_equal(res.buffers[1], (ii % 5).sum() * np.arange(m, dtype=F32))
+    np.testing.assert_array_equal(res.buffers[2], np.bincount((np.arange(m) + 1) % 3) * 2 * n)
+    np.testing.assert_array_equal(res.buffers[3], np.full(n, 3, U32))
+
+
+def test_subgroup_helper_only_for_adds_whose_old_value_is_unused():
+    kb = KB("old")
+    Acc, Old = kb.buf("acc", i32), kb.buf("old", i32)
+    b, i = kb.range(0, 1000)
+    store(b, Old, i, atomic(b, AtomicKind.ADD, Acc, b.const(0, i32), b.const(1, i32)))  # old value used
+    atomic(b, AtomicKind.MAX, Acc, b.const(1, i32), i)                                  # not an add
+    atomic(b, AtomicKind.ADD, Acc, b.const(2, i32), b.const(1, i32))
+    with_sg = generate(kb.kernel(), float_atomics=False, debug=False, subgroups=True).tasks[0].wgsl
+    without = generate(kb.kernel(), float_atomics=False, debug=False).tasks[0].wgsl
+    assert with_sg.count("subgroup_add_acc(") == 2   # its definition and the one call
+    assert "atomicAdd(&acc[0i], 1i)" in with_sg and "atomicMax(&acc[1i], " in with_sg
+    assert "subgroup" not in without
+
+
 def test_plain_access_to_an_atomic_buffer_in_the_same_task():
     for float_atomics in (True, False):
         kb = KB("mixed")

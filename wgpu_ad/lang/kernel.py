@@ -325,7 +325,7 @@ def _build(make_ir: Callable, specs, rt) -> _Compiled:
         ir = optimize(ir, print_ir=print_ir, verify=rt.debug or debug_enabled())
         stacks = _launch_sized_stacks(ir)
         codegen = lambda: generate(prereduce(clone_kernel(ir)), float_atomics=rt.has_float_atomics,  # noqa: E731
-                                   debug=rt.debug)
+                                   debug=rt.debug, subgroups=getattr(rt, "has_subgroups", False))
         ck = codegen()
     except CompileError as e:
         if debug_enabled():

@@ -54,6 +54,7 @@ class Runtime:
         self.force_emulated_atomics = bool(force_emulated_atomics)
         self.has_float_atomics = "shader-float32-atomic" in self.features and not force_emulated_atomics
         self.has_f16 = "shader-f16" in self.features
+        self.has_subgroups = "subgroup" in self.features
         self.default_fp = f32
         self.random_seed = int(random_seed)
         self._seed_counter = 0
