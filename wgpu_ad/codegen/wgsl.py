@@ -117,7 +117,7 @@ class TaskEmitter:
         self.sg_helpers: dict[tuple[int, AtomicKind], str] = {}
         if opts.subgroups and not self.serial:
             uniform = _thread_uniform(task)
-            for s in walk_task(task):
+            for s in walk(task.body):  # (the epilogue's atomics are one per workgroup already)
                 if s.op is Op.ATOMIC and s.attr[0] in SUBGROUP_KINDS and id(s) not in self.used_ids \
                         and s.attr[1].dtype in (f32, i32, u32) and id(s.args[0]) in uniform:
                     key = (id(s.attr[1]), s.attr[0])
