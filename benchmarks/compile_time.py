@@ -5,8 +5,10 @@ Each measurement is a fresh process (`python -m benchmarks.compile_time SYSTEM n
 folders, as a user's second run of a script would be. Every cache we know of is pointed there:
 XDG_CACHE_HOME and MESA_SHADER_CACHE_DIR (Mesa's shader cache: lavapipe keeps its compiled
 pipelines there, ~/.cache/mesa_shader_cache by default), Taichi's offline cache, and
-WGPU_AD_CACHE_DIR for a future wgpu_ad disk cache. A kernel's compile time is its first call minus its second call (both
-synced), so the time of running it once is not counted. Before that, each process launches one
+WGPU_AD_CACHE_DIR for wgpu_ad's offline cache (wgpu_ad/lang/cache.py: a cached run still lowers
+each kernel with the frontend to find its key, then loads the compiled kernel instead of
+optimising and generating WGSL). A kernel's compile time is its first call minus its second call
+(both synced), so the time of running it once is not counted. Before that, each process launches one
 trivial kernel: the start-up of import, device and driver (lavapipe spends ~0.5 s on its first
 pipeline and dispatch, whatever the shader) is reported apart, as `init_ms`.
 """

@@ -3,12 +3,27 @@ only where wgpu finds no adapter at all."""
 from __future__ import annotations
 
 import functools
+import os
+import shutil
+import tempfile
 
 import pytest
+
+_CACHE_DIR = None
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a WebGPU adapter (lavapipe counts); skipped when there is none")
+    # the offline cache of compiled kernels goes to a folder of this session (so later tests hit
+    # entries earlier ones wrote), never to the user's ~/.cache
+    global _CACHE_DIR
+    _CACHE_DIR = tempfile.mkdtemp(prefix="wgpu_ad_test_cache_")
+    os.environ["WGPU_AD_CACHE_DIR"] = _CACHE_DIR
+
+
+def pytest_unconfigure(config):
+    if _CACHE_DIR is not None:
+        shutil.rmtree(_CACHE_DIR, ignore_errors=True)
 
 
 @functools.lru_cache(maxsize=None)

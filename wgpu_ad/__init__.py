@@ -33,8 +33,11 @@ def init(arch=None, debug: bool = False, **kwargs):
     ad_stack_size = kwargs.pop("ad_stack_size", None)
     if ad_stack_size is not None and not (isinstance(ad_stack_size, int) and ad_stack_size >= 1):
         raise WgpuAdError(f"ti.init(ad_stack_size={ad_stack_size!r}): expected a positive integer")
+    offline_cache = kwargs.pop("offline_cache", True)
+    offline_cache_file_path = kwargs.pop("offline_cache_file_path", None)
     rt = runtime.init(arch=arch, debug=debug, **kwargs)
     rt.print_ir, rt.print_wgsl, rt.ad_stack_size = print_ir, print_wgsl, ad_stack_size
+    rt.offline_cache, rt.offline_cache_file_path = bool(offline_cache), offline_cache_file_path
     return rt
 
 

@@ -111,6 +111,7 @@ class _Compiled:
     stacks: list = dataclasses.field(default_factory=list)    # adjoints: stacks sized per launch
     variants: dict = dataclasses.field(default_factory=dict)  # adjoints: stack sizes -> CompiledKernel
     codegen: Any = None
+    slot: Any = None                # lang/cache.Slot: where this compile lives on disk, or None
 
 
 class Kernel:
@@ -188,8 +189,10 @@ class Kernel:
     # ---- compilation ------------------------------------------------------------------
     def _compile(self, specs, key, rt) -> _Compiled:
         from ..frontend.kernel import lower_kernel
-        return _build(lambda: lower_kernel(self.fn, self.__name__, specs, self.ret_dtype, debug=rt.debug,
-                                           min_parallel=getattr(rt, "min_parallel", None)), specs, rt)
+        from .cache import forward_slot
+        ir = _user_errors(lambda: lower_kernel(self.fn, self.__name__, specs, self.ret_dtype, debug=rt.debug,
+                                               min_parallel=getattr(rt, "min_parallel", None)))
+        return _build(lambda: ir, specs, rt, forward_slot(ir, rt))
 
     def _get(self, args):
         rt = _get_runtime()
@@ -240,12 +243,14 @@ class Kernel:
         key = (self._specs(args)[1], _compile_epoch[0], have, stack)
         g = self._grad_cache.get(key)
         if g is None:
-            g = self._grad_cache[key] = self._compile_grad(c, specs, rt, stack)
+            g = self._grad_cache[key] = self._compile_grad(c, specs, rt, stack, have)
         return g, specs, rt
 
-    def _compile_grad(self, c, specs, rt, stack):
-        from ..passes.autodiff import reverse_kernel
-        return _build(lambda: reverse_kernel(c.ir, self._grad_source(specs), stack), specs, rt)
+    def _compile_grad(self, c, specs, rt, stack, have):
+        def make_ir():
+            from ..passes.autodiff import reverse_kernel
+            return reverse_kernel(c.ir, self._grad_source(specs), stack)
+        return _build(make_ir, specs, rt, c.slot and c.slot.adjoint(have, stack))
 
     def footprint(self, *args) -> list[tuple]:
         """What this launch touches: (storage, kind, index) with kind 'load', 'store', 'add' (atomic
@@ -311,31 +316,61 @@ class Kernel:
         print(self.get_wgsl(*args))
 
 
-def _build(make_ir: Callable, specs, rt) -> _Compiled:
-    """IR (from make_ir) -> optimised IR -> WGSL -> everything a launch needs. Compile errors
-    show the user's source, not the compiler's frames (unless WGPU_AD_DEBUG_COMPILER=1)."""
-    from ..codegen.wgsl import generate
-    from ..ir.clone import clone_kernel
-    from ..passes.pipeline import optimize
-    from ..passes.prereduce import prereduce
-    from .launch import make_bounds, make_packer, make_resolvers
+def _user_errors(fn: Callable):
+    """fn(), with compile errors showing the user's source, not the compiler's frames (unless
+    WGPU_AD_DEBUG_COMPILER=1)."""
     try:
-        ir = make_ir()
-        print_ir = os.environ.get("WGPU_AD_PRINT_IR", "") not in ("", "0") or getattr(rt, "print_ir", False)
-        ir = optimize(ir, print_ir=print_ir, verify=rt.debug or debug_enabled())
-        stacks = _launch_sized_stacks(ir)
-        codegen = lambda: generate(prereduce(clone_kernel(ir)), float_atomics=rt.has_float_atomics,  # noqa: E731
-                                   debug=rt.debug, subgroups=getattr(rt, "has_subgroups", False))
-        ck = codegen()
+        return fn()
     except CompileError as e:
         if debug_enabled():
             raise
         raise e.with_traceback(None) from None
+
+
+def _build(make_ir: Callable, specs, rt, slot=None) -> _Compiled:
+    """IR (from make_ir) -> optimised IR -> WGSL -> everything a launch needs. With a cache slot
+    (lang/cache.py), a stored compile is loaded instead, and a new one is stored."""
+    got = slot.load() if slot is not None else None
+    if got is not None:
+        ir, ck = got
+        return _assemble(ir, ck, _launch_sized_stacks(ir), specs, rt, slot)
+    ir, ck, stacks = _user_errors(lambda: _compile_ir(make_ir, rt, slot))
     if getattr(rt, "print_wgsl", False) or os.environ.get("WGPU_AD_PRINT_WGSL", "") not in ("", "0"):
         for t in ck.tasks:
             print(t.wgsl)
+    return _assemble(ir, ck, stacks, specs, rt, slot)
+
+
+def _compile_ir(make_ir: Callable, rt, slot):
+    from ..passes.pipeline import optimize
+    ir = make_ir()
+    print_ir = os.environ.get("WGPU_AD_PRINT_IR", "") not in ("", "0") or getattr(rt, "print_ir", False)
+    ir = optimize(ir, print_ir=print_ir, verify=rt.debug or debug_enabled())
+    stored = slot.dump_ir(ir) if slot is not None else None  # before _launch_sized_stacks changes it
+    stacks = _launch_sized_stacks(ir)
+    ck = _codegen(ir, rt)()
+    if slot is not None:
+        slot.store(stored, ck)
+    return ir, ck, stacks
+
+
+def _codegen(ir, rt) -> Callable:
+    """ir -> CompiledKernel, again for each stack-size variant of an adjoint."""
+    def codegen():
+        from ..codegen.wgsl import generate
+        from ..ir.clone import clone_kernel
+        from ..passes.prereduce import prereduce
+        return generate(prereduce(clone_kernel(ir)), float_atomics=rt.has_float_atomics, debug=rt.debug,
+                        subgroups=getattr(rt, "has_subgroups", False))
+    return codegen
+
+
+def _assemble(ir, ck, stacks, specs, rt, slot) -> _Compiled:
+    """What a launch needs, from the optimised IR and its WGSL (compiled now or loaded)."""
+    from .launch import make_bounds, make_packer, make_resolvers
     return _Compiled(ck, ir, make_packer(ir, specs), [make_bounds(t) for t in ir.tasks],
-                     make_resolvers(ck, specs), bool(ck.asserts), stacks=stacks, codegen=codegen)
+                     make_resolvers(ck, specs), bool(ck.asserts), stacks=stacks,
+                     codegen=_codegen(ir, rt), slot=slot)
 
 
 class _GradLauncher:
