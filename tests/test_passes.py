@@ -829,3 +829,22 @@ def test_licm_keeps_the_loop_index_and_values_of_a_while_loop_that_change():
     res = np.zeros(1, np.int32)
     run_kernel(k, [res], [])
     assert res[0] == 12
+
+
+def test_licm_moves_what_every_thread_computes_alike_into_the_range_task_bounds():
+    from wgpu_ad.passes.licm import licm
+    seed, x, out = buf("seed", f32), buf("x", f32), buf("out", f32)
+    k, b, t = range_kernel(6, seed, x, out, args=[ArgSlot("s", f32, 0)])
+    i = b.loop_index(t)
+    g = load(b, seed, b.const(0, i32))                    # the same in every thread: to the bounds
+    scale = b.mul(g, b.emit(Op.ARG, [], f32, k.args[0]))  # so is this
+    xi = load(b, x, i)                                     # thread-dependent: stays
+    prev = load(b, out, b.const(0, i32))                   # `out` is written in the task: stays
+    store(b, out, i, b.add(b.mul(xi, scale), b.mul(prev, b.const(0.0, f32))))
+    xs = np.arange(6, dtype=np.float32)
+    k = check_pass(k, licm, [([np.array([2.0], np.float32), xs, np.zeros(6, np.float32)], [3.0])])
+    assert g in t.bounds.stmts and scale in t.bounds.stmts
+    assert xi in t.body.stmts and prev in t.body.stmts
+    res = np.zeros(6, np.float32)
+    run_kernel(k, [np.array([2.0], np.float32), xs.copy(), res], [3.0])
+    np.testing.assert_array_equal(res, xs * 6.0)
