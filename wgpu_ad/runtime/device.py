@@ -180,11 +180,10 @@ class Runtime:
 
     def fill(self, buffer: wgpu.GPUBuffer, value, dtype: DType, count: int, offset: int = 0) -> None:
         """Set `count` scalars of `dtype` starting at byte offset to value."""
-        arr = np.full(count, value, dtype=dtype.np)
-        if not arr.any():
+        if not dtype.np.type(value):  # zero (either sign): a GPU clear, no host array to build and scan
             self.clear(buffer, count * dtype.nbytes, offset)
         else:
-            self.write(buffer, arr, offset)
+            self.write(buffer, np.full(count, value, dtype=dtype.np), offset)
 
     def _check_range(self, buffer, offset: int, nbytes: int, what: str) -> None:
         if offset < 0 or offset + nbytes > buffer.size:
