@@ -16,7 +16,7 @@ from ..ir.nodes import ArgSlot, Block, Buffer, Kernel, Stmt, Task, walk
 from ..ir.ops import Op
 from ..types import DType, MatrixType, VectorType, i32, u32
 from . import builtins as B
-from .loops import loop_var_name, analyze_iter, bind_targets, trip_count
+from .loops import analyze_iter, bind_targets, loop_var_name, trip_count
 from .lower import FuncLowerer, LoopCtx, ParsedFunc, ReturnCtx
 from .methods import loop_config as _loop_config_marker
 from .values import Mat, Ops, is_static
