@@ -155,6 +155,10 @@ def test_main_prints_adapter(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
     assert "backend:" in out and "shader-float32-atomic" in out and "max-storage-buffer-binding-size" in out
+    import os
+    assert f"offline cache: {os.environ['WGPU_AD_CACHE_DIR']}" in out  # the suite's own folder (conftest)
+    cpu = D.init().adapter.info.get("adapter_type", "").upper() == "CPU"
+    assert ("parallel loops: multi-dimensional ones keep" in out) == cpu
 
 
 @pytest.mark.gpu

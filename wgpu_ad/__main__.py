@@ -25,13 +25,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  arch:         {arch} (from {A.ARCH_ENV_VAR})")
     print("features wgpu_ad uses:")
     notes = {"shader-float32-atomic": "float atomic add (else emulated with compare-exchange)",
-             "subgroup": "subgroup operations",
+             "subgroup": "subgroup operations (atomic adds to a shared element: one per subgroup)",
              "shader-f16": "ti.f16 fields"}
     for f, present in r["features"].items():
         print(f"  {f:<24} {'yes' if present else 'no ':<4} {notes.get(f, '')}")
     print("limits:")
     for k, v in r["limits"].items():
         print(f"  {k:<40} {v}")
+    if r["adapter_type"] == "CPU":
+        print("parallel loops: multi-dimensional ones keep just enough leading dimensions parallel to fill "
+              "the cores and loop over the rest in each thread; at most 256 workgroups per launch")
+    from .lang.cache import directory
+    folder = directory(None)
+    print(f"offline cache: {folder if folder is not None else 'off (WGPU_AD_OFFLINE_CACHE)'}")
     others = [a for a in adapters if a is not chosen]
     if others:
         print("other adapters (pick with ti.init(arch=...) or WGPU_AD_ARCH):")
