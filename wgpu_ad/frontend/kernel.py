@@ -353,7 +353,7 @@ def _range_task(k: KernelContext, new_lowerer, task_env, prelude, tasks, st: ast
                     div = o.idiv(rest, extents[d])
                     q = o.binary(Op.SUB, rest, o.binary(Op.MUL, div, extents[d]))
                 lo = spec.dims[d][0]
-                k.kernel.loop_dims[id(q)] = (task, d)
+                k.kernel.loop_dims[q] = (task, d)
                 indices[d] = q if is_static(lo) and lo == 0 else o.binary(Op.ADD, q, lo)
                 if d:
                     rest = div

@@ -18,6 +18,8 @@ def clone_kernel(kernel: Kernel) -> Kernel:
         tasks.append(nt)
     k = Kernel(kernel.name, tasks, list(kernel.args), list(kernel.buffers), kernel.ret,
                kernel.uses_random, kernel.debug, kernel.loc)
+    # the analyses of a clone read multi-indices (Stmt.index, shared with the original) through
+    # loop_dims, so both keep naming the original's statements; only the tasks are the clone's
     k.loop_dims = {key: (m.get(id(t), t), d) for key, (t, d) in kernel.loop_dims.items()}
     return k
 

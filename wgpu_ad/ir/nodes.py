@@ -101,7 +101,10 @@ class Kernel:
     uses_random: bool = False
     debug: bool = False            # ASSERTs present (index checks)
     loc: SourceLoc | None = None
-    # id(stmt) -> (task, d): stmts the frontend computed as dimension d of a task's parallel index
+    # stmt -> (task, d): stmts the frontend computed as dimension d of a task's parallel index. Keyed
+    # by the statements themselves (identity hash), which keeps them alive: an id() key could be
+    # reused by a later statement once the tagged one is dropped by a pass. Clones keep the keys
+    # (their multi-indices name the original statements too, see ir/clone.py)
     loop_dims: dict = field(default_factory=dict)
 
 

@@ -114,7 +114,7 @@ def _canonical(ir: Kernel) -> str:
         for s, i in zip(stmts, saved):
             s.id = i
     tasks = {id(t): k for k, t in enumerate(ir.tasks)}
-    dims = sorted((canon[k], tasks.get(id(t), -1), d) for k, (t, d) in ir.loop_dims.items() if k in canon)
+    dims = sorted((canon[id(k)], tasks.get(id(t), -1), d) for k, (t, d) in ir.loop_dims.items() if id(k) in canon)
     head = (ir.loc, [(b.name, b.dtype.name, b.grad, b.source if isinstance(b.source, tuple)
                       else type(b.source).__name__) for b in ir.buffers],
             [(a.name, a.dtype.name, a.index) for a in ir.args], [t.block_dim for t in ir.tasks],
@@ -168,7 +168,7 @@ class Slot:
                 return self._bad(f"{self.path} does not hold a kernel")
         except Exception as e:  # any damage an unpickler can report
             return self._bad(f"{self.path} cannot be loaded: {type(e).__name__}: {e}")
-        ir.loop_dims = {id(s): (t, d) for s, t, d in ir.loop_dims}
+        ir.loop_dims = {s: (t, d) for s, t, d in ir.loop_dims}
         try:
             os.utime(self.path)  # pruning removes the least recently used entries
         except OSError:
@@ -188,7 +188,7 @@ class Slot:
         pos = {id(o): k for k, o in enumerate(self.sources)}
         stmts = _reachable(ir)
         saved = ir.loop_dims
-        ir.loop_dims = [(stmts[k], t, d) for k, (t, d) in saved.items() if k in stmts]
+        ir.loop_dims = [(s, t, d) for s, (t, d) in saved.items() if id(s) in stmts]
         try:
             return self._dumps(ir, pos)
         except Exception as e:  # RecursionError on a very deep IR, an object pickle refuses

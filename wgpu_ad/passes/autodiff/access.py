@@ -23,7 +23,7 @@ from ...ir.nodes import Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
 
 Affine = dict  # key -> coefficient; key None is the constant term
-_loop_dims: dict = {}  # the kernel being checked: id(stmt) -> (task, d)
+_loop_dims: dict = {}  # the kernel being checked: stmt -> (task, d)
 
 
 def affine(v) -> Affine:
@@ -33,8 +33,9 @@ def affine(v) -> Affine:
         return {None: v}
     if not isinstance(v, Stmt):
         return {("opaque", id(v)): 1}
-    if id(v) in _loop_dims:
-        task, d = _loop_dims[id(v)]
+    hit = _loop_dims.get(v)
+    if hit is not None:
+        task, d = hit
         return {("pdim", id(task), d): 1}
     op = v.op
     if op is Op.CONST and not v.dtype.is_float:
