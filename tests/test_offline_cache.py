@@ -5,7 +5,6 @@ damaged entry or an unusable folder means a recompile, never an error; offline_c
 writes nothing."""
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import shutil
@@ -240,12 +239,11 @@ def test_printing_the_ir_bypasses_the_cache(tmp_path, capsys):
 
 # ---- source locations: a kernel moved down the file reports its own lines ---------------------------
 
-def _line_of(fn, text: str) -> int:
-    lines, first = inspect.getsourcelines(fn)
-    return first + next(k for k, ln in enumerate(lines) if text in ln)
+KERNELS_SRC = """\
+import wgpu_ad as ti
 
 
-def _overflow_kernel():
+def overflow_kernel():
     x = ti.field(ti.f32, shape=4, needs_grad=True)
     m = ti.field(ti.i32, shape=())
     loss = ti.field(ti.f32, shape=(), needs_grad=True)
@@ -261,23 +259,32 @@ def _overflow_kernel():
     return f, loss
 
 
-def _overflow_kernel_moved():
-
-
-
-    x = ti.field(ti.f32, shape=4, needs_grad=True)
-    m = ti.field(ti.i32, shape=())
-    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+def index_kernel():
+    a = ti.field(ti.f32, shape=8)
 
     @ti.kernel
-    def f():
-        for i in x:
-            acc = x[i]
-            for k in range(m[None]):
-                acc = ti.sin(acc) + 0.5 * acc
-            loss[None] += acc * acc
-    m[None] = 10
-    return f, loss
+    def k(n: ti.i32):
+        for i in range(n):
+            a[i + 3] = 1.0
+    return k
+"""
+
+
+def _kernel_module(tmp_path, moved: bool):
+    """KERNELS_SRC as the module tmp_path/src/kernels.py, with three blank lines at the top when
+    `moved`: the same file and the same frontend IR, at other line numbers."""
+    import importlib.util
+    path = tmp_path / "src" / "kernels.py"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(("\n\n\n" if moved else "") + KERNELS_SRC)
+    spec = importlib.util.spec_from_file_location(f"kernels_{'moved' if moved else 'here'}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _line_in(mod, text: str) -> int:
+    return 1 + next(k for k, ln in enumerate(Path(mod.__file__).read_text().splitlines()) if text in ln)
 
 
 def _overflow_message(make) -> str:
@@ -293,52 +300,36 @@ def _overflow_message(make) -> str:
 def test_a_moved_kernel_reports_its_own_line_numbers(tmp_path):
     # the stack-overflow message names the loop's line: it comes from the IR's source locations
     # (the adjoint's code generator), not from the kernel's text
-    fresh(tmp_path, ad_stack_size=4)
-    first = _overflow_message(_overflow_kernel)
-    f_line = _line_of(_overflow_kernel, "for k in range(m[None])")
-    assert f"the serial loop at {__file__}:{f_line} ran more than 4 iterations" in first
-    before = fresh(tmp_path, ad_stack_size=4)
-    moved = _overflow_message(_overflow_kernel_moved)
-    m_line = _line_of(_overflow_kernel_moved, "for k in range(m[None])")
-    assert m_line != f_line and f"the serial loop at {__file__}:{m_line} ran" in moved
+    folder = tmp_path / "cache"
+    fresh(folder, ad_stack_size=4)
+    here = _kernel_module(tmp_path, moved=False)
+    first = _overflow_message(here.overflow_kernel)
+    f_line = _line_in(here, "for k in range(m[None])")
+    assert f"the serial loop at {here.__file__}:{f_line} ran more than 4 iterations" in first
+    before = fresh(folder, ad_stack_size=4)
+    moved = _kernel_module(tmp_path, moved=True)
+    message = _overflow_message(moved.overflow_kernel)
+    m_line = _line_in(moved, "for k in range(m[None])")
+    assert m_line == f_line + 3 and f"the serial loop at {moved.__file__}:{m_line} ran" in message
     assert delta(before)["hits"] == 0
-    before = fresh(tmp_path, ad_stack_size=4)  # the first one again: it hits, with its own line
-    assert _overflow_message(_overflow_kernel) == first
+    before = fresh(folder, ad_stack_size=4)  # the first one again: it hits, with its own line
+    here = _kernel_module(tmp_path, moved=False)
+    assert _overflow_message(here.overflow_kernel) == first
     assert delta(before)["hits"] == 2
-
-
-def _index_kernel():
-    a = ti.field(ti.f32, shape=8)
-
-    @ti.kernel
-    def k(n: ti.i32):
-        for i in range(n):
-            a[i + 3] = 1.0
-    return k
-
-
-def _index_kernel_moved():
-
-    a = ti.field(ti.f32, shape=8)
-
-    @ti.kernel
-    def k(n: ti.i32):
-        for i in range(n):
-            a[i + 3] = 1.0
-    return k
 
 
 @pytest.mark.gpu
 def test_debug_mode_index_error_names_the_moved_line(tmp_path):
-    for make in (_index_kernel, _index_kernel_moved, _index_kernel):
-        fresh(tmp_path, debug=True)
-        k = make()
+    for moved in (False, True, False):
+        fresh(tmp_path / "cache", debug=True)
+        mod = _kernel_module(tmp_path, moved)
+        k = mod.index_kernel()
         k(5)
         with pytest.raises(ti.KernelRuntimeError) as e:
             k(6)
-        line = _line_of(make, "a[i + 3] = 1.0")
+        line = _line_in(mod, "a[i + 3] = 1.0")
         assert str(e.value).startswith("kernel 'k': index (8) is out of range for field 'a' of shape (8,) "
-                                       f"in k at {__file__}:{line}")
+                                       f"in k at {mod.__file__}:{line}")
 
 
 # ---- keys and the folder, without a GPU ---------------------------------------------------------------
