@@ -319,8 +319,8 @@ def forward_slot(ir: Kernel, rt) -> Slot | None:
             sources.append(b.source)
     # what the passes and the code generator read besides the IR (min_parallel shapes the
     # frontend IR already; it is here so a key never depends on that)
-    options = (bool(rt.debug), bool(rt.has_float_atomics), bool(getattr(rt, "has_subgroups", False)),
-               getattr(rt, "min_parallel", None), debug_enabled())
+    options = (bool(rt.debug), bool(rt.has_float_atomics), bool(rt.has_subgroups),
+               rt.min_parallel, debug_enabled())
     key = _hash(FORMAT, sys.version_info[:2], pickle.HIGHEST_PROTOCOL, source_digest(), options, text)
     return Slot(folder, key, sources)
 

@@ -191,7 +191,7 @@ class Kernel:
         from ..frontend.kernel import lower_kernel
         from .cache import forward_slot
         ir = _user_errors(lambda: lower_kernel(self.fn, self.__name__, specs, self.ret_dtype, debug=rt.debug,
-                                               min_parallel=getattr(rt, "min_parallel", None)))
+                                               min_parallel=rt.min_parallel))
         return _build(lambda: ir, specs, rt, forward_slot(ir, rt))
 
     def _get(self, args):
@@ -361,7 +361,7 @@ def _codegen(ir, rt) -> Callable:
         from ..ir.clone import clone_kernel
         from ..passes.prereduce import prereduce
         return generate(prereduce(clone_kernel(ir)), float_atomics=rt.has_float_atomics, debug=rt.debug,
-                        subgroups=getattr(rt, "has_subgroups", False))
+                        subgroups=rt.has_subgroups)
     return codegen
 
 
