@@ -106,6 +106,9 @@ class Kernel:
     # reused by a later statement once the tagged one is dropped by a pass. Clones keep the keys
     # (their multi-indices name the original statements too, see ir/clone.py)
     loop_dims: dict = field(default_factory=dict)
+    # adjoints: (position in buffers, gradient Buffer) of the zero-store candidates, whose one
+    # accumulation can be a plain store while the gradient is all zeros (passes/autodiff/demote.py)
+    zero_stores: list = field(default_factory=list)
 
 
 def walk(block: Block) -> Iterator[Stmt]:

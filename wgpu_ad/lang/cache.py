@@ -132,8 +132,9 @@ class Slot:
     def path(self) -> Path:
         return self.folder / f"{self.key}.wgk"
 
-    def adjoint(self, have: tuple, stack: int) -> "Slot":
-        """The slot of this kernel's adjoint: the gradients that exist now join the table."""
+    def adjoint(self, have: tuple, stack: int, zero: tuple = ()) -> "Slot":
+        """The slot of this kernel's adjoint (with zero: a zero-store variant, see
+        passes/autodiff/demote.py): the gradients that exist now join the table."""
         table, pos = list(self.sources), {id(o): k for k, o in enumerate(self.sources)}
         for o in self.sources:
             g = getattr(o, "_grad", None)
@@ -141,7 +142,7 @@ class Slot:
                 pos[id(g)] = len(table)
                 table.append(g)
         grads = [pos.get(id(getattr(o, "_grad", None))) for o in table]
-        key = _hash(self.key, "adjoint", have, stack, grads)
+        key = _hash(self.key, "adjoint", have, stack, grads, *([("zero", zero)] if zero else []))
         return Slot(self.folder, key, table)
 
     # ---- reading --------------------------------------------------------------------------

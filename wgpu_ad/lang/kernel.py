@@ -235,22 +235,24 @@ class Kernel:
             return src.grad if getattr(src, "needs_grad", False) else None
         return source
 
-    def _get_grad(self, args):
+    def _get_grad(self, args, zero: tuple = ()):
+        """The compiled adjoint for these arguments; with `zero` (positions of zero-store
+        candidates, see passes/autodiff/demote.py), its variant that stores into those gradients."""
         c, specs, rt = self._get(args)
         from ..passes.autodiff import DEFAULT_STACK_SIZE
         stack = getattr(rt, "ad_stack_size", None) or DEFAULT_STACK_SIZE
         have = tuple(bool(getattr(s, "needs_grad", False)) for s in c.ck.buffer_sources if not isinstance(s, tuple))
-        key = (self._specs(args)[1], _compile_epoch[0], have, stack)
+        key = (self._specs(args)[1], _compile_epoch[0], have, stack, zero)
         g = self._grad_cache.get(key)
         if g is None:
-            g = self._grad_cache[key] = self._compile_grad(c, specs, rt, stack, have)
+            g = self._grad_cache[key] = self._compile_grad(c, specs, rt, stack, have, zero)
         return g, specs, rt
 
-    def _compile_grad(self, c, specs, rt, stack, have):
+    def _compile_grad(self, c, specs, rt, stack, have, zero=()):
         def make_ir():
             from ..passes.autodiff import reverse_kernel
-            return reverse_kernel(c.ir, self._grad_source(specs), stack)
-        return _build(make_ir, specs, rt, c.slot and c.slot.adjoint(have, stack))
+            return reverse_kernel(c.ir, self._grad_source(specs), stack, zero)
+        return _build(make_ir, specs, rt, c.slot and c.slot.adjoint(have, stack, zero))
 
     def footprint(self, *args) -> list[tuple]:
         """What this launch touches: (storage, kind, index) with kind 'load', 'store', 'add' (atomic
@@ -384,9 +386,31 @@ class _GradLauncher:
         if kwargs:
             args = k._bind_kwargs(args, kwargs)
         g, specs, rt = k._get_grad(args)
+        if g.ir.zero_stores:
+            zero = _still_zero(g, specs, args)
+            if zero:
+                g = k._get_grad(args, zero)[0]
         if g.stacks:
             g = _sized_variant(g, args, rt)
         return launch(k, g, specs, args, rt)
+
+
+def _still_zero(g, specs, args) -> tuple:
+    """Positions of the adjoint's zero-store candidates whose gradient is all zeros now
+    (Storage.all_zero) and bound to no other buffer of the launch (an ndarray passed twice)."""
+    idx = {s.name: k for k, s in enumerate(specs)}
+
+    def storage(src):
+        if isinstance(src, tuple):
+            a = args[idx[src[1]]]
+            return a.grad if src[0] == "arg_grad" else a
+        return src
+    out = []
+    for pos, buf in g.ir.zero_stores:
+        st = storage(buf.source)
+        if st.all_zero and sum(storage(src) is st for src in g.ck.buffer_sources) == 1:
+            out.append(pos)
+    return tuple(out)
 
 
 def _launch_sized_stacks(ir) -> list:

@@ -143,11 +143,16 @@ def make_count(begin: Stmt, end: Stmt):
 
 
 def make_resolvers(ck, specs) -> list[Callable]:
-    """Per kernel buffer: call args -> the wgpu buffer to bind."""
+    """Per kernel buffer: call args -> the wgpu buffer to bind (None for a buffer no task binds,
+    such as an ndarray argument's gradient in a forward kernel: it is neither allocated nor
+    marked as written)."""
     idx = {s.name: k for k, s in enumerate(specs)}
+    bound = {b.key for t in ck.tasks for b in t.bindings if b.kind == "buffer"}
     out = []
-    for src in ck.buffer_sources:
-        if isinstance(src, tuple) and src[0] == "arg":
+    for n, src in enumerate(ck.buffer_sources):
+        if n not in bound:
+            out.append(lambda args: None)
+        elif isinstance(src, tuple) and src[0] == "arg":
             k = idx[src[1]]
             out.append(lambda args, k=k: args[k].gpu_buffer())
         elif isinstance(src, tuple) and src[0] == "arg_grad":

@@ -70,6 +70,9 @@ class Storage(ABC):
         self.element_shape = tuple(element_shape)
         self.element_size = math.prod(self.element_shape)  # scalars per element
         self._buffer = None
+        # True while every element is known to be zero (never written, or just filled with 0):
+        # an adjoint can then store into a gradient instead of accumulating (lang/kernel.py)
+        self.all_zero = True
         self._grad: Storage | None = None
         self._gen = _rt.generation()
         self.is_grad = False
@@ -162,7 +165,9 @@ class Storage(ABC):
                               f"create it again after ti.init()")
 
     def gpu_buffer(self):
-        """The wgpu buffer (allocated, zero-filled, on first use)."""
+        """The wgpu buffer (allocated, zero-filled, on first use). Whoever asks for it may write
+        it, so the contents are no longer known to be zero."""
+        self.all_zero = False
         b = self._buffer
         if b is not None:
             return b
@@ -278,6 +283,7 @@ class Storage(ABC):
         rt = _rt.get_runtime()
         if arr.ndim == 0:
             rt.fill(self.gpu_buffer(), arr, self.dtype, self.n_scalars)
+            self.all_zero = not arr.any()
         else:
             rt.write(self.gpu_buffer(), np.tile(arr.ravel(), math.prod(self.shape)))
 

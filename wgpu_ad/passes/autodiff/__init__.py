@@ -8,7 +8,7 @@ from typing import Callable
 from ...ir.nodes import Buffer, Kernel
 from .checks import check_differentiable
 from ...ir.clone import clone_kernel
-from .demote import demote_atomics
+from .demote import buffers_by_task, demote_atomics
 from .normalize import normalize_task
 from .reverse import AdjointEmitter
 
@@ -16,10 +16,13 @@ DEFAULT_STACK_SIZE = 256  # loops bounded by constants or arguments are sized ex
 
 
 def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
-                   stack_size: int = DEFAULT_STACK_SIZE) -> Kernel:
+                   stack_size: int = DEFAULT_STACK_SIZE, zero: tuple = ()) -> Kernel:
     """The adjoint kernel of `kernel` (its tasks reversed, each replaced by its adjoint).
 
     grad_source(buffer) gives the gradient storage of a primal buffer, or None when it has none.
+    zero: positions in the adjoint's buffer list of gradients known to be all zeros at launch;
+    those that are zero-store candidates (the adjoint's `zero_stores`, see demote.py) are stored
+    into instead of accumulated into.
     """
     check_differentiable(kernel)
     k = clone_kernel(kernel)
@@ -39,12 +42,17 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
             buffers.append(g)
         grads[id(b)] = g
     flags = {id(t): normalize_task(t) for t in k.tasks}
-    tasks = []
-    for t, orig in zip(reversed(k.tasks), reversed(kernel.tasks)):
-        nt = AdjointEmitter(k, grads, stack_size, flags[id(t)]).task(t)
-        demote_atomics(k, kernel, nt, orig)
-        tasks.append(nt)
-    return Kernel(k.name + "_grad", tasks, list(k.args), buffers, None, False, k.debug, k.loc)
+    pairs = [(AdjointEmitter(k, grads, stack_size, flags[id(t)]).task(t), orig)
+             for t, orig in zip(reversed(k.tasks), reversed(kernel.tasks))]
+    out = Kernel(k.name + "_grad", [nt for nt, _ in pairs], list(k.args), buffers, None, False, k.debug, k.loc)
+    used = buffers_by_task(out.tasks)
+    zero_ids = {id(buffers[p]) for p in zero}
+    candidates = set()
+    for n, (nt, orig) in enumerate(pairs):
+        shared = set().union(*(u for m, u in enumerate(used) if m != n))
+        candidates |= demote_atomics(out, kernel, nt, orig, shared, zero_ids)
+    out.zero_stores = [(p, b) for p, b in enumerate(buffers) if id(b) in candidates]
+    return out
 
 
 __all__ = ["reverse_kernel", "DEFAULT_STACK_SIZE", "clone_kernel"]

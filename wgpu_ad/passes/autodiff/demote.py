@@ -5,6 +5,15 @@ a gradient buffer in a task has the same parallel part of its index, and that pa
 in the parallel loop (each parallel dimension alone in a dimension of the index), no two threads
 touch the same element: a plain load/add/store is enough, much cheaper than an atomic (above all
 the compare-exchange loop of emulated float atomics).
+
+A gradient buffer whose only access in the whole adjoint kernel is one such accumulation, outside
+any loop (so it runs at most once per parallel iteration, and no two iterations share an
+element: each element is written at most once per launch), is a *zero-store candidate*
+(Kernel.zero_stores). When the launcher knows such a gradient is all zeros (lang/storage.py
+tracks that; a tape clears every gradient before its backward pass), it launches the adjoint's
+variant compiled with the buffer in `zero`, which stores the value instead of reading, adding
+and writing it back (0 + v == v). A variant rather than a uniform branch: on llvmpipe the branch
+cost more than the load it saves.
 """
 from __future__ import annotations
 
@@ -34,10 +43,15 @@ def _signature(s: Stmt, keys: list):
     return tuple(sig)
 
 
-def demote_atomics(kernel: Kernel, primal: Kernel, task: Task, orig: Task) -> None:
-    """Rewrite `task`'s gradient accumulations into plain read-modify-writes where safe."""
+def demote_atomics(kernel: Kernel, primal: Kernel, task: Task, orig: Task,
+                   shared: set = frozenset(), zero: set = frozenset()) -> set:
+    """Rewrite `task`'s gradient accumulations into plain read-modify-writes where safe.
+
+    shared: ids of the buffers other tasks of the adjoint kernel access too. zero: ids of gradient
+    buffers known to be all zeros at launch: their zero-store candidates become plain stores.
+    Returns the ids of this task's zero-store candidates."""
     if task.kind != "range":
-        return
+        return set()
     access._loop_dims = primal.loop_dims
     try:
         keys = _parallel_keys(primal, orig)
@@ -45,7 +59,9 @@ def demote_atomics(kernel: Kernel, primal: Kernel, task: Task, orig: Task) -> No
         for s in walk(task.body):
             if s.op is Op.ATOMIC:
                 groups.setdefault(id(s.attr[1]), []).append(s)
-        demote = set()
+        demote, candidates = set(), set()
+        in_loops = _in_loops(task.body)
+        other = _other_accesses(task)
         for buf_id, stmts in groups.items():
             if not all(s.attr[0] is AtomicKind.ADD and getattr(s, "index", None) is not None and s.attr[1].grad
                        for s in stmts):
@@ -53,20 +69,65 @@ def demote_atomics(kernel: Kernel, primal: Kernel, task: Task, orig: Task) -> No
             sigs = {_signature(s, keys) for s in stmts}
             if len(sigs) == 1 and None not in sigs:
                 demote.update(id(s) for s in stmts)
+                if (len(stmts) == 1 and buf_id not in shared and buf_id not in other
+                        and id(stmts[0]) not in in_loops):
+                    candidates.add(buf_id)
     finally:
         access._loop_dims = {}
     if demote:
-        _rewrite(task.body, demote)
+        _rewrite(task.body, demote, candidates & set(zero))
+    return candidates
 
 
-def _rewrite(block: Block, demote: set) -> None:
+def _in_loops(block: Block, inside: bool = False, out: set | None = None) -> set:
+    """ids of the statements of `block` that run inside a serial loop (RANGE_FOR / WHILE)."""
+    out = set() if out is None else out
+    for s in block.stmts:
+        if inside:
+            out.add(id(s))
+        for b in s.blocks:
+            _in_loops(b, inside or s.op in (Op.RANGE_FOR, Op.WHILE), out)
+    return out
+
+
+def _other_accesses(task: Task) -> set:
+    """ids of the buffers `task` accesses other than by an atomic in its body."""
+    out = set()
+    for blk in (task.bounds, task.body, task.epilogue):
+        for s in walk(blk):
+            if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE):
+                out.add(id(s.attr))
+            elif s.op is Op.ATOMIC and blk is not task.body:
+                out.add(id(s.attr[1]))
+    return out
+
+
+def buffers_by_task(tasks: list[Task]) -> list[set]:
+    """Per task, the ids of the buffers it accesses."""
+    out = []
+    for t in tasks:
+        ids = set()
+        for blk in (t.bounds, t.body, t.epilogue):
+            for s in walk(blk):
+                if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE):
+                    ids.add(id(s.attr))
+                elif s.op is Op.ATOMIC:
+                    ids.add(id(s.attr[1]))
+        out.append(ids)
+    return out
+
+
+def _rewrite(block: Block, demote: set, store: set) -> None:
     out = []
     for s in block.stmts:
         for b in s.blocks:
-            _rewrite(b, demote)
+            _rewrite(b, demote, store)
         if id(s) in demote:
             kind, buf = s.attr
             idx, val = s.args
+            if id(buf) in store:  # the only write of a still-zero element: 0 + val == val
+                out.append(Stmt(Op.GLOBAL_STORE, None, [idx, val], buf, loc=s.loc))
+                continue
             old = Stmt(Op.GLOBAL_LOAD, buf.dtype, [idx], buf, name=buf.name.replace(".", "_"), loc=s.loc)
             new = Stmt(Op.ADD, buf.dtype, [old, val], loc=s.loc)
             out += [old, new, Stmt(Op.GLOBAL_STORE, None, [idx, new], buf, loc=s.loc)]
