@@ -212,3 +212,25 @@ def test_ndrange_gradient_with_and_without_the_loop_split(min_parallel):
             compute()
         want = 2.0 * (np.arange(12)[:, None] + 1) * x0.astype(np.float64)
         np.testing.assert_allclose(x.grad.to_numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_vector_field_components_are_stored():
+    ti.init()
+    x = ti.Vector.field(3, ti.f32, shape=N, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def compute():
+        for i in x:
+            loss[None] += x[i].norm() + 2.0 * x[i][1]
+
+    x0 = np.random.default_rng(6).uniform(-1.0, 1.0, (N, 3)).astype(np.float32)
+    x.from_numpy(x0)
+    x64 = x0.astype(np.float64)
+    want = x64 / np.linalg.norm(x64, axis=1, keepdims=True)
+    want[:, 1] += 2.0
+    for _ in range(2):
+        with ti.ad.Tape(loss=loss):
+            compute()
+        np.testing.assert_allclose(x.grad.to_numpy(), want, rtol=1e-5, atol=1e-6)
+    assert not _reads_gradient(compute)

@@ -6,14 +6,13 @@ in the parallel loop (each parallel dimension alone in a dimension of the index)
 touch the same element: a plain load/add/store is enough, much cheaper than an atomic (above all
 the compare-exchange loop of emulated float atomics).
 
-A gradient buffer whose only access in the whole adjoint kernel is one such accumulation, outside
-any loop (so it runs at most once per parallel iteration, and no two iterations share an
-element: each element is written at most once per launch), is a *zero-store candidate*
-(Kernel.zero_stores). When the launcher knows such a gradient is all zeros (lang/storage.py
-tracks that; a tape clears every gradient before its backward pass), it launches the adjoint's
-variant compiled with the buffer in `zero`, which stores the value instead of reading, adding
-and writing it back (0 + v == v). A variant rather than a uniform branch: on llvmpipe the branch
-cost more than the load it saves.
+A gradient buffer whose only accesses in the whole adjoint kernel are such accumulations outside
+any loop, into pairwise different elements (the components of a vector), is a *zero-store
+candidate* (Kernel.zero_stores): each element is written at most once per launch. When the
+launcher knows such a gradient is all zeros (lang/storage.py tracks that; a tape clears every
+gradient before its backward pass), it launches the adjoint's variant compiled with the buffer
+in `zero`, which stores the value instead of reading, adding and writing it back (0 + v == v). A
+variant rather than a uniform branch: on llvmpipe the branch cost more than the load it saves.
 """
 from __future__ import annotations
 
@@ -69,8 +68,8 @@ def demote_atomics(kernel: Kernel, primal: Kernel, task: Task, orig: Task,
             sigs = {_signature(s, keys) for s in stmts}
             if len(sigs) == 1 and None not in sigs:
                 demote.update(id(s) for s in stmts)
-                if (len(stmts) == 1 and buf_id not in shared and buf_id not in other
-                        and id(stmts[0]) not in in_loops):
+                if (buf_id not in shared and buf_id not in other and _distinct(stmts)
+                        and not any(id(s) in in_loops for s in stmts)):
                     candidates.add(buf_id)
     finally:
         access._loop_dims = {}
@@ -88,6 +87,19 @@ def _in_loops(block: Block, inside: bool = False, out: set | None = None) -> set
         for b in s.blocks:
             _in_loops(b, inside or s.op in (Op.RANGE_FOR, Op.WHILE), out)
     return out
+
+
+def _distinct(stmts: list) -> bool:
+    """No two of the statements can touch the same element in one iteration: each pair's indices
+    differ by a nonzero constant in some dimension (the components of a vector element)."""
+    forms = [[access.affine(x) for x in s.index] for s in stmts]
+    for n, a in enumerate(forms):
+        for b in forms[:n]:
+            if len(a) != len(b) or not any(
+                    set(d := access._combine(x, y, -1)) <= {None} and d.get(None, 0) != 0
+                    for x, y in zip(a, b)):
+                return False
+    return True
 
 
 def _other_accesses(task: Task) -> set:
