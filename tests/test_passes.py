@@ -730,21 +730,29 @@ def test_random_programs_keep_their_results(chunk):
     assert shrunk >= len(seeds) * 0.9  # the passes do real work on these programs
 
 
-def test_mem2reg_turns_single_store_variables_into_values():
+def test_mem2reg_turns_single_store_and_straight_line_variables_into_values():
     k, b = serial_kernel(ret=i32)
     v = b.alloca(i32, "v")
     b.store(v, b.add(b.const(4, i32), b.const(5, i32)))
-    w = b.alloca(i32, "w")  # stored twice: stays a variable
+    w = b.alloca(i32, "w")  # stored twice, in its own block only: each load is the store before it
     b.store(w, b.const(1, i32))
     b.store(w, b.add(b.load(w), b.load(v)))
-    b.emit(Op.RETURN, [b.load(w)])
+    u = b.alloca(i32, "u")  # stored in a nested block: stays a variable
+    b.store(u, b.load(w))
+    cond = b.if_(b.lt(b.load(w), b.const(20, i32)))
+    with b.at(cond.blocks[0]):
+        b.store(u, b.add(b.load(u), b.const(100, i32)))
+    r = b.alloca(i32, "r")  # read before its first store: stays a variable
+    first = b.load(r)
+    b.store(r, b.add(first, b.load(u)))
+    b.emit(Op.RETURN, [b.load(r)])
     before = run_kernel(k, [], [])
     from wgpu_ad.passes.mem2reg import mem2reg
     mem2reg(k)
     verify(k)
     allocas = [s for s in k.tasks[0].body.stmts if s.op is Op.ALLOCA]
-    assert [a.name for a in allocas] == ["w"]
-    assert run_kernel(k, [], []) == before == 10
+    assert [a.name for a in allocas] == ["u", "r"]
+    assert run_kernel(k, [], []) == before == 110
 
 
 # ---- loop-invariant code motion ------------------------------------------------------------

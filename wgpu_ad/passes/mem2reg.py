@@ -4,6 +4,10 @@ A local variable with a single store, in the block that declares it, and read on
 store, always holds the stored value: its loads are replaced by the value and the variable goes
 away. Besides shorter WGSL, this lets the access analyses of autodiff see through index variables
 (`nxt = t + 1; v[nxt, i] = ...` is then known to write row t + 1).
+
+A variable stored several times, but loaded and stored only in the block that declares it (no
+nested block touches it) and stored before every load, is straight-line code: each load becomes
+the value of the store before it (the adjoint's accumulators, `x_adj = x_adj + ...`, are these).
 """
 from __future__ import annotations
 
@@ -38,16 +42,20 @@ def mem2reg(kernel: Kernel) -> Kernel:
     dead: set[int] = set()
     for a in allocas:
         st = stores.get(id(a), [])
-        if len(st) != 1 or parent[id(st[0])] is not parent[id(a)]:
+        lds = loads.get(id(a), [])
+        if not st or any(parent[id(x)] is not parent[id(a)] for x in st + lds):
             continue
-        store = st[0]
-        if any(order[id(ld)] < order[id(store)] for ld in loads.get(id(a), [])):
-            continue
-        value = store.args[1]
-        for ld in loads.get(id(a), []):
-            mapping[ld] = value
-            dead.add(id(ld))
-        dead.update((id(a), id(store)))
+        events = sorted(st + lds, key=lambda x: order[id(x)])
+        if events[0].op is not Op.LOCAL_STORE:
+            continue  # read before any store: keep the variable
+        value = None
+        for x in events:
+            if x.op is Op.LOCAL_STORE:
+                value = mapping.get(x.args[1], x.args[1])
+            else:
+                mapping[x] = value
+            dead.add(id(x))
+        dead.add(id(a))
     if not dead:
         return kernel
     substitute(kernel, mapping)
