@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -362,11 +361,10 @@ def test_the_key_does_not_depend_on_statement_numbering(tmp_path):
 
 
 def test_prune_removes_the_least_recently_used(tmp_path):
-    now = time.time()
-    for k in range(5):
+    for k in range(5):  # last used in this order (fixed times: only their order matters)
         p = tmp_path / f"{k}.wgk"
         p.write_bytes(b"x" * 100)
-        os.utime(p, (now - 100 + k, now - 100 + k))
+        os.utime(p, (1_000_000 + k, 1_000_000 + k))
     assert cache.prune(tmp_path, limit=1000) == 0
     assert cache.prune(tmp_path, limit=300) == 3   # down to 3/4 of the limit
     assert sorted(p.name for p in tmp_path.iterdir()) == ["3.wgk", "4.wgk"]

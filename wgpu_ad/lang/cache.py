@@ -142,7 +142,7 @@ class Slot:
                 pos[id(g)] = len(table)
                 table.append(g)
         grads = [pos.get(id(getattr(o, "_grad", None))) for o in table]
-        key = _hash(self.key, "adjoint", have, stack, grads, *([("zero", zero)] if zero else []))
+        key = _hash(self.key, "adjoint", have, stack, grads, zero)
         return Slot(self.folder, key, table)
 
     # ---- reading --------------------------------------------------------------------------

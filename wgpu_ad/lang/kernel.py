@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import CompileError, KernelArgError, WgpuAdError, debug_enabled
 from ..types import DType, MatrixType, VectorType, to_dtype
-from .launch import launch
+from .launch import launch, storage_getter
 
 _compile_epoch = [0]  # bumped by ti.reset(): compiled kernels belong to one device
 _ad_state = None      # wgpu_ad.ad.state, imported on first launch (the tape records launches)
@@ -112,6 +112,7 @@ class _Compiled:
     variants: dict = dataclasses.field(default_factory=dict)  # adjoints: stack sizes -> CompiledKernel
     codegen: Any = None
     slot: Any = None                # lang/cache.Slot: where this compile lives on disk, or None
+    zero_check: Any = None          # adjoints: launch.make_zero_check, or None without candidates
 
 
 class Kernel:
@@ -235,18 +236,25 @@ class Kernel:
             return src.grad if getattr(src, "needs_grad", False) else None
         return source
 
-    def _get_grad(self, args, zero: tuple = ()):
-        """The compiled adjoint for these arguments; with `zero` (positions of zero-store
-        candidates, see passes/autodiff/demote.py), its variant that stores into those gradients."""
+    def _get_grad(self, args, launching: bool = False):
+        """The compiled adjoint for these arguments. When `launching`, the variant that stores
+        into the zero-store candidates whose gradients are all zeros now, if any (see
+        passes/autodiff/demote.py): each variant is compiled once."""
         c, specs, rt = self._get(args)
         from ..passes.autodiff import DEFAULT_STACK_SIZE
         stack = getattr(rt, "ad_stack_size", None) or DEFAULT_STACK_SIZE
         have = tuple(bool(getattr(s, "needs_grad", False)) for s in c.ck.buffer_sources if not isinstance(s, tuple))
-        key = (self._specs(args)[1], _compile_epoch[0], have, stack, zero)
-        g = self._grad_cache.get(key)
-        if g is None:
-            g = self._grad_cache[key] = self._compile_grad(c, specs, rt, stack, have, zero)
-        return g, specs, rt
+        key = (self._specs(args)[1], _compile_epoch[0], have, stack)
+        zero = ()
+        while True:
+            g = self._grad_cache.get((*key, zero))
+            if g is None:
+                g = self._grad_cache[(*key, zero)] = self._compile_grad(c, specs, rt, stack, have, zero)
+            if zero or not launching or g.zero_check is None:
+                return g, specs, rt
+            zero = g.zero_check(args)
+            if not zero:
+                return g, specs, rt
 
     def _compile_grad(self, c, specs, rt, stack, have, zero=()):
         def make_ir():
@@ -263,12 +271,9 @@ class Kernel:
         if fp is None:
             fp = c.footprint = _static_footprint(c.ir)
         vals = dict(zip((a.name for a in c.ir.args), c.pack.unpack(c.pack(args, _NoSeed()))))
-        names = [s.name for s in specs]
         out = []
         for src, kind, dims in fp:
-            obj = args[names.index(src[1])] if isinstance(src, tuple) else src
-            if isinstance(src, tuple) and src[0] == "arg_grad":
-                obj = obj.grad
+            obj = storage_getter(src, specs)(args)
             idx = tuple(None if d is None else int(sum(c * (1 if k is None else vals[k[1]]) for k, c in d.items()))
                         for d in dims)
             out.append((obj, kind, idx))
@@ -279,12 +284,9 @@ class Kernel:
         c, specs, _ = self._get(args)
         if c.footprint is None:
             c.footprint = _static_footprint(c.ir)
-        names = [s.name for s in specs]
         reads, writes = {}, {}
         for src, kind, _dims in c.footprint:
-            obj = args[names.index(src[1])] if isinstance(src, tuple) else src
-            if isinstance(src, tuple) and src[0] == "arg_grad":
-                obj = obj.grad
+            obj = storage_getter(src, specs)(args)
             (reads if kind == "load" else writes)[id(obj)] = obj
         return list(reads.values()), list(writes.values())
 
@@ -369,10 +371,10 @@ def _codegen(ir, rt) -> Callable:
 
 def _assemble(ir, ck, stacks, specs, rt, slot) -> _Compiled:
     """What a launch needs, from the optimised IR and its WGSL (compiled now or loaded)."""
-    from .launch import make_bounds, make_packer, make_resolvers
+    from .launch import make_bounds, make_packer, make_resolvers, make_zero_check
     return _Compiled(ck, ir, make_packer(ir, specs), [make_bounds(t) for t in ir.tasks],
                      make_resolvers(ck, specs), bool(ck.asserts), stacks=stacks,
-                     codegen=_codegen(ir, rt), slot=slot)
+                     codegen=_codegen(ir, rt), slot=slot, zero_check=make_zero_check(ir, ck, specs))
 
 
 class _GradLauncher:
@@ -385,32 +387,10 @@ class _GradLauncher:
             return None  # @ti.ad.no_grad: the kernel has no gradient (Taichi's behaviour)
         if kwargs:
             args = k._bind_kwargs(args, kwargs)
-        g, specs, rt = k._get_grad(args)
-        if g.ir.zero_stores:
-            zero = _still_zero(g, specs, args)
-            if zero:
-                g = k._get_grad(args, zero)[0]
+        g, specs, rt = k._get_grad(args, launching=True)
         if g.stacks:
             g = _sized_variant(g, args, rt)
         return launch(k, g, specs, args, rt)
-
-
-def _still_zero(g, specs, args) -> tuple:
-    """Positions of the adjoint's zero-store candidates whose gradient is all zeros now
-    (Storage.all_zero) and bound to no other buffer of the launch (an ndarray passed twice)."""
-    idx = {s.name: k for k, s in enumerate(specs)}
-
-    def storage(src):
-        if isinstance(src, tuple):
-            a = args[idx[src[1]]]
-            return a.grad if src[0] == "arg_grad" else a
-        return src
-    out = []
-    for pos, buf in g.ir.zero_stores:
-        st = storage(buf.source)
-        if st.all_zero and sum(storage(src) is st for src in g.ck.buffer_sources) == 1:
-            out.append(pos)
-    return tuple(out)
 
 
 def _launch_sized_stacks(ir) -> list:

@@ -142,25 +142,49 @@ def make_count(begin: Stmt, end: Stmt):
     return count
 
 
+def storage_getter(src, specs) -> Callable:
+    """call args -> the field / ndarray (or its gradient) that a buffer source names: the object
+    itself, or ("arg", name) / ("arg_grad", name) for an ndarray argument (or its gradient)."""
+    if not isinstance(src, tuple):
+        return lambda args: src
+    k = [s.name for s in specs].index(src[1])
+    if src[0] == "arg_grad":
+        return lambda args: args[k].grad
+    return lambda args: args[k]
+
+
 def make_resolvers(ck, specs) -> list[Callable]:
     """Per kernel buffer: call args -> the wgpu buffer to bind (None for a buffer no task binds,
     such as an ndarray argument's gradient in a forward kernel: it is neither allocated nor
     marked as written)."""
-    idx = {s.name: k for k, s in enumerate(specs)}
     bound = {b.key for t in ck.tasks for b in t.bindings if b.kind == "buffer"}
     out = []
     for n, src in enumerate(ck.buffer_sources):
         if n not in bound:
             out.append(lambda args: None)
-        elif isinstance(src, tuple) and src[0] == "arg":
-            k = idx[src[1]]
-            out.append(lambda args, k=k: args[k].gpu_buffer())
-        elif isinstance(src, tuple) and src[0] == "arg_grad":
-            k = idx[src[1]]
-            out.append(lambda args, k=k: args[k].grad.gpu_buffer())
         else:
-            out.append(lambda args, f=src: f.gpu_buffer())
+            get = storage_getter(src, specs)
+            out.append(lambda args, get=get: get(args).gpu_buffer())
     return out
+
+
+def make_zero_check(kern: Kernel, ck, specs) -> Callable | None:
+    """For an adjoint with zero-store candidates (passes/autodiff/demote.py): call args -> the
+    positions of those whose gradient is all zeros now (Storage.all_zero) and bound to no other
+    buffer of the launch (an ndarray passed twice); None when it has none. Called before the
+    launch asks for its buffers, which marks them as written."""
+    if not kern.zero_stores:
+        return None
+    candidates = [(pos, storage_getter(buf.source, specs)) for pos, buf in kern.zero_stores]
+    bound = [storage_getter(src, specs) for src in ck.buffer_sources]
+
+    def check(args) -> tuple:
+        zero = [(pos, st) for pos, st in ((pos, get(args)) for pos, get in candidates) if st.all_zero]
+        if not zero:
+            return ()
+        storages = [get(args) for get in bound]
+        return tuple(pos for pos, st in zero if sum(b is st for b in storages) == 1)
+    return check
 
 
 def launch(kobj, c, specs, args, rt):

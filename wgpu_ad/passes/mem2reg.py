@@ -51,7 +51,7 @@ def mem2reg(kernel: Kernel) -> Kernel:
         value = None
         for x in events:
             if x.op is Op.LOCAL_STORE:
-                value = mapping.get(x.args[1], x.args[1])
+                value = x.args[1]  # substitute() follows chains through promoted loads
             else:
                 mapping[x] = value
             dead.add(id(x))

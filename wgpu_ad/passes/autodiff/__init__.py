@@ -8,7 +8,7 @@ from typing import Callable
 from ...ir.nodes import Buffer, Kernel
 from .checks import check_differentiable
 from ...ir.clone import clone_kernel
-from .demote import buffers_by_task, demote_atomics
+from .demote import demote_atomics, task_buffers
 from .normalize import normalize_task
 from .reverse import AdjointEmitter
 
@@ -45,12 +45,12 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     pairs = [(AdjointEmitter(k, grads, stack_size, flags[id(t)]).task(t), orig)
              for t, orig in zip(reversed(k.tasks), reversed(kernel.tasks))]
     out = Kernel(k.name + "_grad", [nt for nt, _ in pairs], list(k.args), buffers, None, False, k.debug, k.loc)
-    used = buffers_by_task(out.tasks)
+    used = [task_buffers(nt) for nt in out.tasks]
     zero_ids = {id(buffers[p]) for p in zero}
     candidates = set()
     for n, (nt, orig) in enumerate(pairs):
         shared = set().union(*(u for m, u in enumerate(used) if m != n))
-        candidates |= demote_atomics(out, kernel, nt, orig, shared, zero_ids)
+        candidates |= demote_atomics(kernel, nt, orig, shared, zero_ids)
     out.zero_stores = [(p, b) for p, b in enumerate(buffers) if id(b) in candidates]
     return out
 

@@ -42,7 +42,7 @@ def _signature(s: Stmt, keys: list):
     return tuple(sig)
 
 
-def demote_atomics(kernel: Kernel, primal: Kernel, task: Task, orig: Task,
+def demote_atomics(primal: Kernel, task: Task, orig: Task,
                    shared: set = frozenset(), zero: set = frozenset()) -> set:
     """Rewrite `task`'s gradient accumulations into plain read-modify-writes where safe.
 
@@ -60,7 +60,7 @@ def demote_atomics(kernel: Kernel, primal: Kernel, task: Task, orig: Task,
                 groups.setdefault(id(s.attr[1]), []).append(s)
         demote, candidates = set(), set()
         in_loops = _in_loops(task.body)
-        other = _other_accesses(task)
+        other = task_buffers(task, body_atomics=False)
         for buf_id, stmts in groups.items():
             if not all(s.attr[0] is AtomicKind.ADD and getattr(s, "index", None) is not None and s.attr[1].grad
                        for s in stmts):
@@ -102,30 +102,15 @@ def _distinct(stmts: list) -> bool:
     return True
 
 
-def _other_accesses(task: Task) -> set:
-    """ids of the buffers `task` accesses other than by an atomic in its body."""
+def task_buffers(task: Task, body_atomics: bool = True) -> set:
+    """ids of the buffers `task` accesses (without the atomics of its body: body_atomics=False)."""
     out = set()
     for blk in (task.bounds, task.body, task.epilogue):
         for s in walk(blk):
             if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE):
                 out.add(id(s.attr))
-            elif s.op is Op.ATOMIC and blk is not task.body:
+            elif s.op is Op.ATOMIC and (body_atomics or blk is not task.body):
                 out.add(id(s.attr[1]))
-    return out
-
-
-def buffers_by_task(tasks: list[Task]) -> list[set]:
-    """Per task, the ids of the buffers it accesses."""
-    out = []
-    for t in tasks:
-        ids = set()
-        for blk in (t.bounds, t.body, t.epilogue):
-            for s in walk(blk):
-                if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE):
-                    ids.add(id(s.attr))
-                elif s.op is Op.ATOMIC:
-                    ids.add(id(s.attr[1]))
-        out.append(ids)
     return out
 
 
