@@ -10,9 +10,9 @@ def clone_kernel(kernel: Kernel) -> Kernel:
     for t in kernel.tasks:
         nt = Task(t.kind, Block(), Block(), block_dim=t.block_dim, name=t.name)
         m[id(t)] = nt
-        nt.bounds = _clone_block(t.bounds, m)
-        nt.body = _clone_block(t.body, m)
-        nt.epilogue = _clone_block(t.epilogue, m)
+        nt.bounds = clone_block(t.bounds, m)
+        nt.body = clone_block(t.body, m)
+        nt.epilogue = clone_block(t.epilogue, m)
         nt.begin = m.get(id(t.begin)) if t.begin is not None else None
         nt.end = m.get(id(t.end)) if t.end is not None else None
         tasks.append(nt)
@@ -25,7 +25,7 @@ def clone_kernel(kernel: Kernel) -> Kernel:
     return k
 
 
-def _clone_block(block: Block, m: dict) -> Block:
+def clone_block(block: Block, m: dict) -> Block:
     out = Block()
     for s in block.stmts:
         attr = s.attr
@@ -33,6 +33,6 @@ def _clone_block(block: Block, m: dict) -> Block:
             attr = m[id(attr)]
         n = Stmt(s.op, s.dtype, [m[id(a)] for a in s.args], attr, [], s.name, s.loc, index=s.index)
         m[id(s)] = n
-        n.blocks = [_clone_block(b, m) for b in s.blocks]
+        n.blocks = [clone_block(b, m) for b in s.blocks]
         out.stmts.append(n)
     return out

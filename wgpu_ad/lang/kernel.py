@@ -259,7 +259,8 @@ class Kernel:
     def _compile_grad(self, c, specs, rt, stack, have, zero=()):
         def make_ir():
             from ..passes.autodiff import reverse_kernel
-            return reverse_kernel(c.ir, self._grad_source(specs), stack, zero)
+            return reverse_kernel(c.ir, self._grad_source(specs), stack, zero,
+                                  transpose=rt.min_parallel is not None)
         return _build(make_ir, specs, rt, c.slot and c.slot.adjoint(have, stack, zero))
 
     def footprint(self, *args) -> list[tuple]:

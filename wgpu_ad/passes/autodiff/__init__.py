@@ -11,18 +11,20 @@ from ...ir.clone import clone_kernel
 from .demote import demote_atomics, task_buffers
 from .normalize import normalize_task
 from .reverse import AdjointEmitter
+from .transpose import split_pair_task
 
 DEFAULT_STACK_SIZE = 256  # loops bounded by constants or arguments are sized exactly or per launch
 
 
 def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
-                   stack_size: int = DEFAULT_STACK_SIZE, zero: tuple = ()) -> Kernel:
+                   stack_size: int = DEFAULT_STACK_SIZE, zero: tuple = (), transpose: bool = False) -> Kernel:
     """The adjoint kernel of `kernel` (its tasks reversed, each replaced by its adjoint).
 
     grad_source(buffer) gives the gradient storage of a primal buffer, or None when it has none.
     zero: positions in the adjoint's buffer list of gradients known to be all zeros at launch;
     those that are zero-store candidates (the adjoint's `zero_stores`, see demote.py) are stored
     into instead of accumulated into.
+    transpose: split the adjoints of pair loops into two gathers (CPU adapters; transpose.py).
     """
     check_differentiable(kernel)
     k = clone_kernel(kernel)
@@ -42,15 +44,22 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
             buffers.append(g)
         grads[id(b)] = g
     flags = {id(t): normalize_task(t) for t in k.tasks}
-    pairs = [(AdjointEmitter(k, grads, stack_size, flags[id(t)]).task(t), orig)
-             for t, orig in zip(reversed(k.tasks), reversed(kernel.tasks))]
-    out = Kernel(k.name + "_grad", [nt for nt, _ in pairs], list(k.args), buffers, None, False, k.debug, k.loc)
+    adjoints = []  # (adjoint task, the primal task it comes from, that task's loop_dims for demote.py)
+    for t, orig in zip(reversed(k.tasks), reversed(kernel.tasks)):
+        split = split_pair_task(t, orig, flags[id(t)], grads) if transpose else None
+        if split is None:
+            adjoints.append((AdjointEmitter(k, grads, stack_size, flags[id(t)]).task(t), orig, kernel.loop_dims))
+            continue
+        adjoints.append((AdjointEmitter(k, grads, stack_size, skip=split.skip).task(t), orig, kernel.loop_dims))
+        adjoints.append((AdjointEmitter(k, grads, stack_size, skip=split.skip_transposed).task(split.transposed),
+                         split.marker, split.loop_dims))
+    out = Kernel(k.name + "_grad", [nt for nt, _, _ in adjoints], list(k.args), buffers, None, False, k.debug, k.loc)
     used = [task_buffers(nt) for nt in out.tasks]
     zero_ids = {id(buffers[p]) for p in zero}
     candidates = set()
-    for n, (nt, orig) in enumerate(pairs):
+    for n, (nt, orig, loop_dims) in enumerate(adjoints):
         shared = set().union(*(u for m, u in enumerate(used) if m != n))
-        candidates |= demote_atomics(kernel, nt, orig, shared, zero_ids)
+        candidates |= demote_atomics(loop_dims, nt, orig, shared, zero_ids)
     out.zero_stores = [(p, b) for p, b in enumerate(buffers) if id(b) in candidates]
     return out
 

@@ -21,8 +21,8 @@ from ...ir.ops import AtomicKind, Op
 from . import access
 
 
-def _parallel_keys(kernel: Kernel, task: Task) -> list:
-    dims = sorted({d for (t, d) in kernel.loop_dims.values() if t is task})
+def _parallel_keys(loop_dims: dict, task: Task) -> list:
+    dims = sorted({d for (t, d) in loop_dims.values() if t is task})
     return [("pdim", id(task), d) for d in dims] if dims else [("ploop", id(task))]
 
 
@@ -42,18 +42,20 @@ def _signature(s: Stmt, keys: list):
     return tuple(sig)
 
 
-def demote_atomics(primal: Kernel, task: Task, orig: Task,
+def demote_atomics(loop_dims: dict, task: Task, orig: Task,
                    shared: set = frozenset(), zero: set = frozenset()) -> set:
     """Rewrite `task`'s gradient accumulations into plain read-modify-writes where safe.
 
+    loop_dims: the primal kernel's (Kernel.loop_dims), which name the statements of `orig`, the
+    primal task `task` is the adjoint of (its multi-indices, Stmt.index, name them too).
     shared: ids of the buffers other tasks of the adjoint kernel access too. zero: ids of gradient
     buffers known to be all zeros at launch: their zero-store candidates become plain stores.
     Returns the ids of this task's zero-store candidates."""
     if task.kind != "range":
         return set()
-    access._loop_dims = primal.loop_dims
+    access._loop_dims = loop_dims
     try:
-        keys = _parallel_keys(primal, orig)
+        keys = _parallel_keys(loop_dims, orig)
         groups: dict[int, list] = {}
         for s in walk(task.body):
             if s.op is Op.ATOMIC:

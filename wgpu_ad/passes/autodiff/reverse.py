@@ -36,8 +36,10 @@ class Lazy:
 class AdjointEmitter:
     """Builds one adjoint task. `d.mul(...)` etc. emit at the current position."""
 
-    def __init__(self, kernel: Kernel, grads: dict[int, Buffer], stack_size: int, flags: set = frozenset()):
+    def __init__(self, kernel: Kernel, grads: dict[int, Buffer], stack_size: int, flags: set = frozenset(),
+                 skip: set = frozenset()):
         self.kernel = kernel
+        self.skip = skip                # ids of global loads left out of the differentiation
         self.flags = flags              # break/continue flag variables (normalize.py)
         self.grads = grads              # id(primal Buffer) -> gradient Buffer
         self.stack_size = stack_size
@@ -110,7 +112,7 @@ class AdjointEmitter:
                     continue
                 act = False
                 if s.op is Op.GLOBAL_LOAD:
-                    act = s.dtype == f32 and id(s.attr) in self.grads
+                    act = s.dtype == f32 and id(s.attr) in self.grads and id(s) not in self.skip
                 elif s.op is Op.LOCAL_LOAD:
                     act = id(s.args[0]) in self.active
                 elif s.op is Op.LOCAL_STORE:
