@@ -260,7 +260,7 @@ class Kernel:
         def make_ir():
             from ..passes.autodiff import reverse_kernel
             return reverse_kernel(c.ir, self._grad_source(specs), stack, zero,
-                                  transpose=rt.min_parallel is not None)
+                                  transpose=rt.min_parallel)
         return _build(make_ir, specs, rt, c.slot and c.slot.adjoint(have, stack, zero))
 
     def footprint(self, *args) -> list[tuple]:

@@ -17,14 +17,15 @@ DEFAULT_STACK_SIZE = 256  # loops bounded by constants or arguments are sized ex
 
 
 def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
-                   stack_size: int = DEFAULT_STACK_SIZE, zero: tuple = (), transpose: bool = False) -> Kernel:
+                   stack_size: int = DEFAULT_STACK_SIZE, zero: tuple = (), transpose: int | None = None) -> Kernel:
     """The adjoint kernel of `kernel` (its tasks reversed, each replaced by its adjoint).
 
     grad_source(buffer) gives the gradient storage of a primal buffer, or None when it has none.
     zero: positions in the adjoint's buffer list of gradients known to be all zeros at launch;
     those that are zero-store candidates (the adjoint's `zero_stores`, see demote.py) are stored
     into instead of accumulated into.
-    transpose: split the adjoints of pair loops into two gathers (CPU adapters; transpose.py).
+    transpose: on CPU adapters, Runtime.min_parallel: the adjoints of pair loops whose inner loop
+    has at least that many iterations may become two gathers (transpose.py).
     """
     check_differentiable(kernel)
     k = clone_kernel(kernel)
@@ -46,7 +47,7 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     flags = {id(t): normalize_task(t) for t in k.tasks}
     adjoints = []  # (adjoint task, the primal task it comes from, that task's loop_dims for demote.py)
     for t, orig in zip(reversed(k.tasks), reversed(kernel.tasks)):
-        split = split_pair_task(t, orig, flags[id(t)], grads) if transpose else None
+        split = split_pair_task(t, orig, flags[id(t)], grads, transpose) if transpose is not None else None
         if split is None:
             adjoints.append((AdjointEmitter(k, grads, stack_size, flags[id(t)]).task(t), orig, kernel.loop_dims))
             continue
