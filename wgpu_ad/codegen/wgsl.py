@@ -61,6 +61,7 @@ class BufferUse:
     loads: int = 0
     stores: int = 0
     atomics: set = field(default_factory=set)   # AtomicKinds
+    addresses: list = field(default_factory=list)  # the index Stmts of its loads
 
     def mode(self, buf: Buffer, opts: Options) -> str:
         """'plain' | 'atomic' (array<atomic<T>>) | 'cas' (f32 bits in array<atomic<u32>>)."""
@@ -105,6 +106,8 @@ class TaskEmitter:
                          for b in kernel.buffers if id(b) in self.uses}
         self.buf_mode = {id(b): self.uses[id(b)].mode(b, opts)
                          for b in kernel.buffers if id(b) in self.uses}
+        self.buf_view = {id(b): b.vector for b in kernel.buffers if self._vector_view(b)}
+        self.vector_lets: list[dict] = []
         self.arg_member = self._arg_members()
         # one compare-exchange helper per (buffer, kind) of emulated float atomics
         self.cas_helpers: dict[tuple[int, AtomicKind], str] = {}
@@ -154,6 +157,7 @@ class TaskEmitter:
                 use = self.uses.setdefault(id(buf), BufferUse())
                 if s.op is Op.GLOBAL_LOAD:
                     use.loads += 1
+                    use.addresses.append(s.args[0])
                 elif s.op is Op.GLOBAL_STORE:
                     use.stores += 1
                 else:
@@ -234,8 +238,10 @@ class TaskEmitter:
 
     # ---- statements ----
     def block(self, blk: Block, depth: int) -> None:
+        self.vector_lets.append({})  # the vectors loaded in this block (visible in nested ones)
         for s in blk.stmts:
             self.stmt(s, depth)
+        self.vector_lets.pop()
 
     def stmt(self, s: Stmt, d: int) -> None:
         op = s.op
@@ -257,7 +263,7 @@ class TaskEmitter:
         elif op is Op.LOCAL_STORE:
             self.line(d, f"{self.ref(s.args[0])} = {self.ref(s.args[1])};")
         elif op is Op.GLOBAL_LOAD:
-            self.let(s, self.load_expr(s.attr, self.index(s.args[0], d)), d)
+            self.let(s, self.load_at(s, d), d)
         elif op is Op.GLOBAL_STORE:
             self.line(d, self.store_stmt(s.attr, self.index(s.args[0], d), self.ref(s.args[1])))
         elif op is Op.ATOMIC:
@@ -382,6 +388,31 @@ class TaskEmitter:
         self.line(d, "}")
 
     # ---- buffers ----
+    def _vector_view(self, buf: Buffer) -> bool:
+        """Read `buf` as an array of vec2 / vec4? When the task only reads it, its elements are 2
+        or 4 scalars of 4 bytes, and every load names an element and a component (address
+        e * C + k): one load and one bounds check per element instead of one per scalar, which
+        the shader compiler cannot merge itself (gravity's pair loop on lavapipe: 1.22 -> 0.91 ms)."""
+        use = self.uses.get(id(buf))
+        if use is None or self.buf_mode[id(buf)] != "plain" or use.stores or buf.vector not in (2, 4):
+            return False
+        return buf.dtype in (f32, i32, u32) and all(_element_component(a, buf.vector) for a in use.addresses)
+
+    def load_at(self, s: Stmt, d: int) -> str:
+        """The expression of global load s."""
+        buf = s.attr
+        c = self.buf_view.get(id(buf))
+        if c is None:
+            return self.load_expr(buf, self.index(s.args[0], d))
+        e, k = _element_component(s.args[0], c)
+        key = (id(buf), e if isinstance(e, int) else id(e))
+        name = next((scope[key] for scope in reversed(self.vector_lets) if key in scope), None)
+        if name is None:  # the whole element, once: its other components reuse it
+            name = self.names.fresh(f"{s.name or buf.name}_v", "vec")
+            self.line(d, f"let {name} = {self.buf_name[id(buf)]}[{e if isinstance(e, int) else self.ref(e)}];")
+            self.vector_lets[-1][key] = name
+        return f"{name}.{'xyzw'[k]}"
+
     def load_expr(self, buf: Buffer, idx: str) -> str:
         b, mode = self.buf_name[id(buf)], self.buf_mode[id(buf)]
         if mode == "plain":
@@ -493,6 +524,8 @@ class TaskEmitter:
             if buf.dtype == u1:
                 raise CompileError(f"buffer {buf.name!r} has dtype u1 (bool), which cannot be stored; use i32")
             elem = {"plain": buf.dtype.wgsl, "atomic": f"atomic<{buf.dtype.wgsl}>", "cas": "atomic<u32>"}[mode]
+            if id(buf) in self.buf_view:
+                elem = f"vec{self.buf_view[id(buf)]}<{elem}>"
             read_only = mode == "plain" and use.stores == 0
             access = "read" if read_only else "read_write"
             note = "  // f32 bits, atomics emulated by compare-exchange" if mode == "cas" else ""
@@ -632,3 +665,26 @@ def format_wgsl(kernel: Kernel | CompiledKernel, *, float_atomics: bool = False,
         kernel, float_atomics=float_atomics, debug=debug, workgroup_size=workgroup_size)
     sep = "\n// " + "-" * 76 + "\n\n"
     return sep.join(t.wgsl for t in ck.tasks)
+
+
+def _element_component(a: Stmt, c: int) -> tuple | None:
+    """(element, component) of a scalar address of the form element * c + component, with the
+    element a Stmt or an int and the component a constant in [0, c); None for any other form."""
+    if a.op is Op.CONST:
+        v = int(a.attr)
+        return (v // c, v % c) if v >= 0 else None
+    k = 0
+    if a.op is Op.ADD:
+        x, y = a.args
+        if y.op is not Op.CONST:
+            x, y = y, x
+        if y.op is not Op.CONST or not 0 <= int(y.attr) < c:
+            return None
+        a, k = x, int(y.attr)
+    if a.op is Op.MUL:
+        x, y = a.args
+        if y.op is not Op.CONST:
+            x, y = y, x
+        if y.op is Op.CONST and int(y.attr) == c:
+            return x, k
+    return None

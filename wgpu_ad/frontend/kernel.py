@@ -6,6 +6,8 @@ effects are recomputed at the start of every later task that may use them.
 """
 from __future__ import annotations
 
+import math
+
 import ast
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,7 +77,8 @@ class KernelContext:
         buf = self.buffers.get(id(obj))
         if buf is None:
             name = obj.name or f"field{len(self.buffers)}"
-            buf = Buffer(name, obj.dtype, obj, grad=bool(getattr(obj, "is_grad", False)))
+            buf = Buffer(name, obj.dtype, obj, grad=bool(getattr(obj, "is_grad", False)),
+                         vector=int(getattr(obj, "element_size", 1)))
             self.buffers[id(obj)] = buf
             self.kernel.buffers.append(buf)
         return buf
@@ -160,8 +163,9 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
                 n *= d
             slots[s.name] = [k.arg_slot(f"{s.name}_{c}", s.dtype) for c in range(n)]
         elif s.kind == "ndarray":
-            buf = Buffer(s.name, s.dtype, ("arg", s.name))
-            gbuf = Buffer(s.name + ".grad", s.dtype, ("arg_grad", s.name), grad=True) if s.needs_grad else None
+            per = math.prod(s.shape)  # scalars per element
+            buf = Buffer(s.name, s.dtype, ("arg", s.name), vector=per)
+            gbuf = Buffer(s.name + ".grad", s.dtype, ("arg_grad", s.name), grad=True, vector=per) if s.needs_grad else None
             k.kernel.buffers.append(buf)
             if gbuf is not None:
                 k.kernel.buffers.append(gbuf)

@@ -50,12 +50,15 @@ class Buffer:
 
     `source` is what the launcher binds: a field/ndarray object (fixed at compile time), or
     ("arg", i) for the i-th ndarray argument of the kernel. `grad` marks gradient storage.
+    `vector`: scalars per element (a vector or matrix field's, an ndarray's): the buffer holds a
+    whole number of them, so the code generator may read it as an array of vectors.
     """
 
     name: str
     dtype: DType
     source: Any
     grad: bool = False
+    vector: int = 1
 
     def __repr__(self) -> str:
         return f"@{self.name}"

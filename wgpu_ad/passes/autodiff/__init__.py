@@ -41,7 +41,7 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
         g = by_source.get(id(src)) if not isinstance(src, tuple) else next(
             (x for x in buffers if x.source == src), None)
         if g is None:
-            g = Buffer(b.name + ".grad", b.dtype, src, grad=True)
+            g = Buffer(b.name + ".grad", b.dtype, src, grad=True, vector=b.vector)
             buffers.append(g)
         grads[id(b)] = g
     flags = {id(t): normalize_task(t) for t in k.tasks}
