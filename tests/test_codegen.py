@@ -289,6 +289,23 @@ def test_plain_access_to_an_atomic_buffer_in_the_same_task():
         np.testing.assert_array_equal(res.buffers[1], np.arange(100, dtype=F32))
 
 
+def test_vector_view_only_for_element_and_component_addresses():
+    """A read-only buffer of vec2 elements is declared array<vec2<f32>> when every load's address
+    is element * 2 + component with the component in [0, 2); an address like i * 2 + 2 (the next
+    element's first component, written that way) keeps the scalar array. Values as NumPy's."""
+    src = np.arange(40, dtype=F32) * 0.5
+    for offset, view in ((1, True), (2, False)):
+        kb = KB("vec")
+        X, Out = kb.buf("x", f32), kb.buf("out", f32)
+        X.vector = 2
+        b, i = kb.range(0, 19)
+        base = b.mul(i, b.const(2, i32))
+        store(b, Out, i, b.add(load(b, X, base), load(b, X, b.add(base, b.const(offset, i32)))))
+        ck, res = compile_run(kb.kernel(), [src, np.zeros(19, F32)])
+        assert ("array<vec2<f32>>" in ck.tasks[0].wgsl) == view
+        np.testing.assert_array_equal(res.buffers[1], src[0:38:2] + src[offset:38 + offset:2])
+
+
 # ---------------------------------------------------------------- random numbers
 
 def _random_kernel(dtype=f32, draws=2):
