@@ -14,7 +14,7 @@ loads that depend on j and not on i left out of the differentiation; the second 
 those loads, whose gradients are then summed in registers over the i loop too. A gradient is a
 sum over the loads it flows into, so the two tasks add up to the whole adjoint. The pair's
 forward arithmetic is replayed twice, once per task, which is cheaper on a CPU than the subgroup
-sums it removes (gravity N=1024 adjoint: 4.9 -> ~3 ms). GPUs run every (i, j) as its own thread
+sums it removes (gravity N=1024 adjoint: 5.1 -> 2.7 ms). GPUs run every (i, j) as its own thread
 and never see this shape (`min_parallel` is None there).
 
 A task is transposed when reordering its iterations cannot change any value: its body is a
@@ -22,7 +22,9 @@ prefix of straight-line statements that depend on i or nothing (no control flow,
 local variables) and one serial loop over task-invariant bounds, with nothing after it; the loop
 body has no global stores, no atomics but add/sub, no random numbers, no `while`/`break` and no
 local variable that lives across iterations; and no buffer it accumulates into is read in it
-(the second task would read the first one's gradient writes).
+(the second task would read the first one's gradient writes). Which task differentiates which
+load only decides where its gradient is summed: each task visits every (i, j), so any partition
+of the loads gives the whole gradient.
 
 And when it pays. The loop's constant trip count must give the transposed task at least
 `min_threads` threads (Runtime.min_parallel: what fills the cores). The replay the split adds
@@ -34,7 +36,7 @@ cos) 4.9 / 6.5 ms; 111 7.5 / 7.8 ms; 201 12.9 / 10.4-13.8 ms; 381 24.0 / 16.5 ms
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ...ir.clone import clone_block
 from ...ir.nodes import Block, Kernel, Stmt, Task, walk
@@ -61,8 +63,8 @@ class Split:
     transposed: Task            # j in parallel, i serial: a primal task, differentiated too
     skip: set                   # ids of the loads the original task's adjoint leaves out
     skip_transposed: set        # ids of the loads the transposed task's adjoint leaves out
-    loop_dims: dict = field(default_factory=dict)  # for demote.py: the original j index -> (marker, 0)
-    marker: Task | None = None  # stands for the transposed task in loop_dims
+    loop_dims: dict             # for demote.py: the original j index -> (marker, 0)
+    marker: Task                # stands for the transposed task in loop_dims
 
 
 def split_pair_task(t: Task, orig: Task, flags: set, grads: dict, min_threads: int) -> Split | None:
@@ -71,7 +73,8 @@ def split_pair_task(t: Task, orig: Task, flags: set, grads: dict, min_threads: i
     if t.kind != "range" or flags or t.begin is None or t.end is None or not t.body.stmts:
         return None
     *prefix, loop = t.body.stmts
-    if loop.op is not Op.RANGE_FOR:
+    loop_orig = orig.body.stmts[-1] if orig.body.stmts else None
+    if loop.op is not Op.RANGE_FOR or loop_orig is None or loop_orig.op is not Op.RANGE_FOR:
         return None
     bounds = {id(s) for s in t.bounds.stmts}
     if not all(id(a) in bounds for a in loop.args) or not {id(t.begin), id(t.end)} <= bounds:
@@ -109,7 +112,6 @@ def split_pair_task(t: Task, orig: Task, flags: set, grads: dict, min_threads: i
     # demote.py reads the primal's multi-indices (Stmt.index, which name the statements of
     # `orig`): there the serial loop's index becomes the transposed task's parallel dimension
     marker = Task("range", Block(), Block(), name=tt.name)
-    loop_orig = orig.body.stmts[-1]
     dims = {}
     for s in walk(t.body):
         for x in _index_stmts(s.index):
