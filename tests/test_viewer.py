@@ -568,15 +568,18 @@ def x_display(monkeypatch):
     xvfb = shutil.which("Xvfb")
     if xvfb is None:
         pytest.skip("no DISPLAY and no Xvfb (apt-get install xvfb; .ci/run installs it)")
-    n = next(k for k in range(99, 140) if not os.path.exists(f"/tmp/.X{k}-lock"))
-    proc = subprocess.Popen([xvfb, f":{n}", "-screen", "0", "640x480x24", "-nolisten", "tcp"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # -displayfd: Xvfb picks a free display and writes its number to the pipe once it accepts
+    # connections (or exits, closing the pipe): no polling, no clock
+    rfd, wfd = os.pipe()
+    proc = subprocess.Popen([xvfb, "-displayfd", str(wfd), "-screen", "0", "640x480x24", "-nolisten", "tcp"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(wfd,))
+    os.close(wfd)
     try:
-        deadline = time.time() + 15
-        while not os.path.exists(f"/tmp/.X11-unix/X{n}"):
-            if proc.poll() is not None or time.time() > deadline:
-                pytest.skip(f"Xvfb :{n} did not start (exit code {proc.poll()})")
-            time.sleep(0.05)
+        with os.fdopen(rfd) as ready:
+            n = ready.readline().strip()
+        if not n.isdigit():
+            proc.wait(10)
+            pytest.skip(f"Xvfb did not start (exit code {proc.returncode})")
         monkeypatch.setenv("DISPLAY", f":{n}")
         yield f":{n}"
     finally:
