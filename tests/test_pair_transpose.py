@@ -155,29 +155,3 @@ def test_a_loop_carried_variable_keeps_the_scatter():
 
     ir = _pair_kernel_grads(running, x, loss, ref, np.random.default_rng(14).uniform(-1, 1, n).astype(np.float32))
     assert "_T_adj" not in ir
-
-
-def test_pair_split_in_debug_mode_passes_the_ir_verifier():
-    """ti.init(debug=True) verifies the IR after every pass and checks every index: the
-    transposed task is well formed. Both tasks of the adjoint are gathers: each thread writes
-    its own elements of x.grad once, with no atomic."""
-    ti.init(debug=True)
-    ti.get_runtime().min_parallel = 1
-    n = 10
-    x = ti.Vector.field(2, ti.f32, shape=n, needs_grad=True)
-    U = ti.field(ti.f32, shape=(), needs_grad=True)
-
-    @ti.kernel
-    def energy():
-        for i, j in ti.ndrange(n, n):
-            r = x[i] - x[j]
-            U[None] += -1 / r.norm(1e-3)
-
-    def ref(v):
-        v = v.reshape(n, 2)
-        d = v[:, None, :] - v[None, :, :]
-        return float(np.sum(-1 / np.sqrt((d ** 2).sum(-1) + 1e-3)))
-
-    pos = np.random.default_rng(15).random((n, 2)).astype(np.float32)
-    ir = _pair_kernel_grads(energy, x, U, ref, pos)
-    assert "_T_adj" in ir and "atomic" not in ir

@@ -91,11 +91,15 @@ def test_split_loop_shape_in_the_ir(min_parallel):
     np.testing.assert_array_equal(x.to_numpy(), np.add.outer(np.arange(20), np.arange(50)))
 
 
+@pytest.mark.parametrize("debug", [False, True])
 @pytest.mark.parametrize("min_parallel", SPLITS)
-def test_pair_energy_gradient_through_a_split_loop(min_parallel):
+def test_pair_energy_gradient_through_a_split_loop(min_parallel, debug):
     """The gravity energy (an all-pairs sum into a 0-d field) and dU/dx, against float64
-    central differences: the adjoint of the split loop accumulates x.grad[i] in each thread."""
-    _init(min_parallel)
+    central differences. With the split, the adjoint is two gathers (passes/autodiff/
+    transpose.py): each thread writes its own elements of x.grad once, with no atomic; debug
+    mode verifies the IR after every pass and checks every index."""
+    ti.init(debug=debug)
+    ti.get_runtime().min_parallel = min_parallel
     N = 24
     x = ti.Vector.field(2, ti.f32, shape=N, needs_grad=True)
     U = ti.field(ti.f32, shape=(), needs_grad=True)
@@ -117,6 +121,10 @@ def test_pair_energy_gradient_through_a_split_loop(min_parallel):
         return float(np.sum(-1 / np.sqrt((d ** 2).sum(-1) + 1e-3)))
     assert U[None] == pytest.approx(ref(pos.astype(np.float64)), rel=1e-5)
     assert_grad(x.grad.to_numpy().reshape(-1), central_diff(ref, pos.reshape(-1)))
+    ir = energy.get_grad_ir()
+    assert ("_T_adj" in ir) == (min_parallel == 1)  # 24 < 30: both dimensions parallel, no inner loop
+    if min_parallel == 1:
+        assert "atomic" not in ir
 
 
 @pytest.mark.parametrize("min_parallel", SPLITS)

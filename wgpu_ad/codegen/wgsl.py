@@ -566,8 +566,7 @@ class TaskEmitter:
 def _thread_uniform(task: Task) -> set[int]:
     """ids of the task's values that are the same in every thread at the same point of its serial
     loops: constants, arguments, indices of serial loops with such bounds, and arithmetic on them
-    (the element j of a
-    pair sum's inner loop). Only atomic adds to such elements use the subgroup helper: its
+    (the element j of a pair sum's inner loop). Only atomic adds to such elements use the subgroup helper: its
     run-time check costs more than it saves where the elements differ between threads (measured
     on lavapipe: cloth's adjoint 1.3-1.5x slower with it on every atomic)."""
     out: set[int] = set()

@@ -6,9 +6,8 @@ effects are recomputed at the start of every later task that may use them.
 """
 from __future__ import annotations
 
-import math
-
 import ast
+import math
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -244,7 +244,9 @@ class Kernel:
         from ..passes.autodiff import DEFAULT_STACK_SIZE
         stack = getattr(rt, "ad_stack_size", None) or DEFAULT_STACK_SIZE
         have = tuple(bool(getattr(s, "needs_grad", False)) for s in c.ck.buffer_sources if not isinstance(s, tuple))
-        key = (self._specs(args)[1], _compile_epoch[0], have, stack)
+        # the forward compile stands for the argument specs and the epoch (self._cache keeps it
+        # alive, so its id is never reused): no second pass over the arguments per launch
+        key = (id(c), have, stack)
         zero = ()
         while True:
             g = self._grad_cache.get((*key, zero))

@@ -82,4 +82,3 @@ def _movable(s: Stmt, loop, loop_writes: set, task_writes: set) -> bool:
     if s.op is Op.LOCAL_LOAD:
         return ("local", s.args[0]) not in loop_writes
     return False
-
