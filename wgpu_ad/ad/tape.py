@@ -7,7 +7,9 @@
 
 The kernel launcher tells the tape about every forward launch (state.on_launch); the tape only
 orders launches and calls `kernel.grad(*args)` (the generated adjoint) or a grad_replaced
-function's gradient in reverse. Before the backward pass it checks that a gradient can actually
+function's gradient in reverse. The last launch of a tape with a loss is held back (Tape.hold)
+until anything else reaches the device; when nothing did by the end of the block, it runs fused
+with its adjoint in one launch (passes/autodiff/fuse.py), which saves a pass over its data. Before the backward pass it checks that a gradient can actually
 flow from the loss to something, and names the field that stops it: Taichi silently gives zero
 gradients there (or "Gradients of loss are not allocated").
 """
@@ -46,6 +48,22 @@ def _accesses(kernel, args) -> tuple[list, list] | None:
     if accessed is None:
         return None
     return accessed(*args)
+
+
+@dataclass
+class _Held:
+    """A forward launch held back by the tape (Tape.hold), with everything launch() needs."""
+
+    entry: "TapeEntry"
+    kernel: Any
+    compiled: Any
+    specs: list
+    args: tuple
+    rt: Any
+
+    def launch(self) -> None:
+        from ..lang.launch import launch
+        launch(self.kernel, self.compiled, self.specs, self.args, self.rt)
 
 
 @dataclass
@@ -122,6 +140,7 @@ class Tape:
         self._snapshot = None   # gradcheck.Snapshot of written fields (grad_check / check_grad)
         self._validator = None  # validate.Validator (validation=True)
         self._snapshot_writes = self.grad_check is not None
+        self._held: _Held | None = None  # the last launch, held back to run fused with its adjoint
 
     # ---- the with block -----------------------------------------------------------------------
 
@@ -162,6 +181,8 @@ class Tape:
         self._stop()
         if exc_type is None and self.loss is not None:
             self.grad()
+        else:
+            self._release()
         return False
 
     def _stop(self) -> None:
@@ -208,6 +229,36 @@ class Tape:
                     entry = self.entries[-1] if self._custom is None else None
                     self._validator.before_launch(entry, acc)
 
+    def hold(self, kernel, compiled, specs, args: tuple, rt) -> bool:
+        """Called by the launcher right after record(): hold back this launch (True) when it may
+        end up as the tape's last one and run fused with its adjoint. The runtime launches it as
+        usual before anything else reaches the device (Runtime.hold), so nothing can observe the
+        difference; only launches of plain kernels of a tape with a loss and no checks qualify."""
+        if (self.loss is None or not self.recording or state.in_backward or self._custom is not None
+                or self._snapshot is not None or self._validator is not None or not rt.fuse_adjoint
+                or not self.entries or self.entries[-1].fn is not kernel or self.entries[-1].kind != "kernel"
+                or compiled.ck.ret_dtype is not None or compiled.has_asserts or compiled.ir.uses_random):
+            return False
+        rt.release()  # the launch held before this one runs first
+        for resolve in compiled.resolvers:  # what the launch asks for now (allocation, Storage.all_zero)
+            resolve(args)
+        self._held = _Held(self.entries[-1], kernel, compiled, specs, tuple(args), rt)
+        rt.hold(self._run_held)
+        return True
+
+    def _run_held(self) -> None:
+        """The runtime's callback: something else is about to reach the device."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.launch()
+
+    def _release(self) -> None:
+        """Launch the held launch now, if the runtime still holds it (ti.reset() drops it)."""
+        held = self._held
+        if held is not None and held.rt._held == self._run_held:
+            held.rt.release()
+        self._held = None
+
     def insert(self, func: Callable, args: tuple) -> None:
         """Taichi's Tape.insert: record a call of `func` (which must have .grad) by hand."""
         self.entries.append(TapeEntry(func, tuple(args), kind="custom", opaque=True))
@@ -245,18 +296,39 @@ class Tape:
             raise WgpuAdError("tape.grad(): the gradients of this tape were already computed; record a new "
                               "tape to compute them again")
         self.gradient_evaluated = True
-        check_flow(self.entries, self.loss)
-        if self._validator is not None:
-            self._validator.check()
-        else:
-            from .overwrite import check_overwrites
-            check_overwrites(self.entries)
+        held = self._held
+        if held is not None and (self.loss is None or held.entry is not self.entries[-1]):
+            self._release()  # not the last thing recorded: it runs before the backward pass
+        try:
+            check_flow(self.entries, self.loss)
+            if self._validator is not None:
+                self._validator.check()
+            else:
+                from .overwrite import check_overwrites
+                check_overwrites(self.entries)
+        except BaseException:
+            self._release()  # the forward pass completes whatever the backward pass does
+            raise
+        held = self._held
+        if held is not None:
+            if held.rt._held == self._run_held:
+                held.rt.unhold()  # the backward pass launches it, fused with its adjoint if it can
+            else:
+                held = None  # dropped by ti.reset()
+            self._held = None
         if self.loss is not None:
             self.loss.grad.fill(1)
         prev = state.in_backward
         state.in_backward = True
         try:
             for e in reversed(self.entries):
+                if held is not None and e is held.entry:
+                    from ..lang.kernel import launch_fused
+                    h, held = held, None
+                    if not launch_fused(h.kernel, h.args):
+                        h.launch()
+                        e.backward()
+                    continue
                 e.backward()
         finally:
             state.in_backward = prev

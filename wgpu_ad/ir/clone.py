@@ -22,6 +22,7 @@ def clone_kernel(kernel: Kernel) -> Kernel:
     # loop_dims, so both keep naming the original's statements; only the tasks are the clone's
     k.loop_dims = {key: (m.get(id(t), t), d) for key, (t, d) in kernel.loop_dims.items()}
     k.zero_stores = list(kernel.zero_stores)
+    k.fused = kernel.fused
     return k
 
 

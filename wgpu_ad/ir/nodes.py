@@ -112,6 +112,9 @@ class Kernel:
     # adjoints: (position in buffers, gradient Buffer) of the zero-store candidates, whose one
     # accumulation can be a plain store while the gradient is all zeros (passes/autodiff/demote.py)
     zero_stores: list = field(default_factory=list)
+    # a forward kernel fused with its adjoint (passes/autodiff/fuse.py): the buffers each part of
+    # the fused task reads and writes, which the launcher checks are disjoint storages
+    fused: Any = None
 
 
 def walk(block: Block) -> Iterator[Stmt]:

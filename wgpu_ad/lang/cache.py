@@ -132,9 +132,10 @@ class Slot:
     def path(self) -> Path:
         return self.folder / f"{self.key}.wgk"
 
-    def adjoint(self, have: tuple, stack: int, zero: tuple = ()) -> "Slot":
+    def adjoint(self, have: tuple, stack: int, zero: tuple = (), fused: bool = False) -> "Slot":
         """The slot of this kernel's adjoint (with zero: a zero-store variant, see
-        passes/autodiff/demote.py): the gradients that exist now join the table."""
+        passes/autodiff/demote.py; fused: the forward and the adjoint in one kernel, see
+        passes/autodiff/fuse.py): the gradients that exist now join the table."""
         table, pos = list(self.sources), {id(o): k for k, o in enumerate(self.sources)}
         for o in self.sources:
             g = getattr(o, "_grad", None)
@@ -142,7 +143,7 @@ class Slot:
                 pos[id(g)] = len(table)
                 table.append(g)
         grads = [pos.get(id(getattr(o, "_grad", None))) for o in table]
-        key = _hash(self.key, "adjoint", have, stack, grads, zero)
+        key = _hash(self.key, "adjoint", have, stack, grads, zero, *(("fused",) if fused else ()))
         return Slot(self.folder, key, table)
 
     # ---- reading --------------------------------------------------------------------------

@@ -113,6 +113,7 @@ class _Compiled:
     codegen: Any = None
     slot: Any = None                # lang/cache.Slot: where this compile lives on disk, or None
     zero_check: Any = None          # adjoints: launch.make_zero_check, or None without candidates
+    fuse_check: Any = None          # fused adjoints: launch.make_fuse_check
 
 
 class Kernel:
@@ -215,8 +216,11 @@ class Kernel:
             args = self._bind_kwargs(args, kwargs)
         c, specs, rt = self._get(args)
         ad = _ad_state or _ad()
-        if ad.current_tape is not None:
-            ad.current_tape.record(self, args)
+        tape = ad.current_tape
+        if tape is not None:
+            tape.record(self, args)
+            if tape.hold(self, c, specs, args, rt):
+                return None  # launched before anything else reaches the device, or fused with its adjoint
         return launch(self, c, specs, args, rt)
 
     # ---- reverse mode ---------------------------------------------------------------------
@@ -236,34 +240,42 @@ class Kernel:
             return src.grad if getattr(src, "needs_grad", False) else None
         return source
 
-    def _get_grad(self, args, launching: bool = False):
+    def _get_grad(self, args, launching: bool = False, fused: bool = False):
         """The compiled adjoint for these arguments. When `launching`, the variant that stores
         into the zero-store candidates whose gradients are all zeros now, if any (see
-        passes/autodiff/demote.py): each variant is compiled once."""
+        passes/autodiff/demote.py): each variant is compiled once. fused: the forward and the
+        adjoint in one kernel (passes/autodiff/fuse.py), or None as the first item when this
+        kernel cannot be fused."""
         c, specs, rt = self._get(args)
         from ..passes.autodiff import DEFAULT_STACK_SIZE
         stack = getattr(rt, "ad_stack_size", None) or DEFAULT_STACK_SIZE
         have = tuple(bool(getattr(s, "needs_grad", False)) for s in c.ck.buffer_sources if not isinstance(s, tuple))
         # the forward compile stands for the argument specs and the epoch (self._cache keeps it
         # alive, so its id is never reused): no second pass over the arguments per launch
-        key = (id(c), have, stack)
+        key = (id(c), have, stack, fused)
         zero = ()
         while True:
-            g = self._grad_cache.get((*key, zero))
-            if g is None:
-                g = self._grad_cache[(*key, zero)] = self._compile_grad(c, specs, rt, stack, have, zero)
-            if zero or not launching or g.zero_check is None:
+            g = self._grad_cache.get((*key, zero), False)
+            if g is False:
+                g = self._grad_cache[(*key, zero)] = self._compile_grad(c, specs, rt, stack, have, zero, fused)
+            if g is None or zero or not launching or g.zero_check is None:
                 return g, specs, rt
             zero = g.zero_check(args)
             if not zero:
                 return g, specs, rt
 
-    def _compile_grad(self, c, specs, rt, stack, have, zero=()):
+    def _compile_grad(self, c, specs, rt, stack, have, zero=(), fused=False):
+        from ..passes.autodiff import NotFusable, reverse_kernel
+
         def make_ir():
-            from ..passes.autodiff import reverse_kernel
             return reverse_kernel(c.ir, self._grad_source(specs), stack, zero,
-                                  transpose=rt.min_parallel)
-        return _build(make_ir, specs, rt, c.slot and c.slot.adjoint(have, stack, zero))
+                                  transpose=rt.min_parallel, fuse=fused)
+        try:
+            return _build(make_ir, specs, rt, c.slot and c.slot.adjoint(have, stack, zero, fused))
+        except (NotFusable, CompileError):
+            if not fused:
+                raise
+            return None  # the tape launches the forward and the adjoint apart (and reports errors then)
 
     def footprint(self, *args) -> list[tuple]:
         """What this launch touches: (storage, kind, index) with kind 'load', 'store', 'add' (atomic
@@ -374,10 +386,23 @@ def _codegen(ir, rt) -> Callable:
 
 def _assemble(ir, ck, stacks, specs, rt, slot) -> _Compiled:
     """What a launch needs, from the optimised IR and its WGSL (compiled now or loaded)."""
-    from .launch import make_bounds, make_packer, make_resolvers, make_zero_check
+    from .launch import make_bounds, make_fuse_check, make_packer, make_resolvers, make_zero_check
     return _Compiled(ck, ir, make_packer(ir, specs), [make_bounds(t) for t in ir.tasks],
                      make_resolvers(ck, specs), bool(ck.asserts), stacks=stacks,
-                     codegen=_codegen(ir, rt), slot=slot, zero_check=make_zero_check(ir, ck, specs))
+                     codegen=_codegen(ir, rt), slot=slot, zero_check=make_zero_check(ir, ck, specs),
+                     fuse_check=make_fuse_check(ir, specs))
+
+
+def launch_fused(k: Kernel, args) -> bool:
+    """Launch `k`'s forward and its adjoint as one fused kernel (passes/autodiff/fuse.py), for the
+    last launch of a tape; False (nothing launched) when they cannot be fused for these args."""
+    g, specs, rt = k._get_grad(args, launching=True, fused=True)
+    if g is None or not g.fuse_check(args):
+        return False
+    if g.stacks:
+        g = _sized_variant(g, args, rt)
+    launch(k, g, specs, args, rt)
+    return True
 
 
 class _GradLauncher:

@@ -187,6 +187,23 @@ def make_zero_check(kern: Kernel, ck, specs) -> Callable | None:
     return check
 
 
+def make_fuse_check(kern: Kernel, specs) -> Callable | None:
+    """For a fused forward + adjoint kernel (passes/autodiff/fuse.py): call args -> whether its two
+    parts may share one pass: the forward's writes are neither read nor written by anything else
+    in the task, and the adjoint writes none of the primal storages the task reads. None for
+    other kernels."""
+    f = kern.fused
+    if f is None:
+        return None
+    kinds = [[storage_getter(b.source, specs) for b in bufs]
+             for bufs in (f.primal_reads, f.grad_reads, f.fwd_writes, f.adj_writes)]
+
+    def check(args) -> bool:
+        pr, gr, fw, aw = ({id(get(args)) for get in gets} for gets in kinds)
+        return not (fw & (pr | gr | aw) or pr & aw)
+    return check
+
+
 def launch(kobj, c, specs, args, rt):
     ck = c.ck
     packed = c.pack(args, rt)

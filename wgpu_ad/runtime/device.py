@@ -69,6 +69,10 @@ class Runtime:
         # (frontend/kernel.py _parallel_prefix); GPUs want every iteration as a thread
         self.min_parallel: int | None = max(1024, 256 * (os.cpu_count() or 1)) if cpu else None
         self.max_pending = _MAX_PENDING
+        # a tape holds back its last launch to run it fused with its adjoint (ad/tape.py,
+        # passes/autodiff/fuse.py); False launches every forward kernel when it is called
+        self.fuse_adjoint: bool = True
+        self._held: Callable[[], None] | None = None  # see hold()
         self.lost: str | None = None  # set by the wgpu log watcher when the device is lost
 
         self._pipelines = PipelineCache(self.device, self.limits["min-uniform-buffer-offset-alignment"])
@@ -107,6 +111,8 @@ class Runtime:
 
     def write(self, buffer: wgpu.GPUBuffer, data, offset: int = 0) -> None:
         """Write bytes / an array into buffer at byte offset, ordered after every earlier launch."""
+        if self._held is not None:
+            self.release()
         if isinstance(data, np.ndarray):
             mv = memoryview(np.ascontiguousarray(data)).cast("B")
         else:
@@ -133,6 +139,8 @@ class Runtime:
 
     def read_view(self, buffer: wgpu.GPUBuffer, nbytes: int, offset: int = 0) -> memoryview:
         """Like read(), as a writable memoryview (one copy less for big arrays)."""
+        if self._held is not None:
+            self.release()
         if nbytes <= 0:
             return memoryview(bytearray())
         self.readback_count += 1  # the viewer's tests check that drawing never reads fields back
@@ -155,6 +163,8 @@ class Runtime:
     def copy(self, src: wgpu.GPUBuffer, dst: wgpu.GPUBuffer, nbytes: int,
              src_offset: int = 0, dst_offset: int = 0) -> None:
         """Buffer-to-buffer copy, recorded in order with launches (offsets and size: multiples of 4)."""
+        if self._held is not None:
+            self.release()
         if nbytes <= 0:
             return
         if src_offset % 4 or dst_offset % 4 or nbytes % 4:
@@ -168,6 +178,8 @@ class Runtime:
 
     def clear(self, buffer: wgpu.GPUBuffer, nbytes: int | None = None, offset: int = 0) -> None:
         """Zero a range (the whole buffer by default), in order with launches."""
+        if self._held is not None:
+            self.release()
         size = buffer.size - offset if nbytes is None else nbytes
         a0, a1 = offset // 4 * 4, (offset + size + 3) // 4 * 4
         if a0 != offset or a1 != offset + size:  # f16 odd edges: fall back to a write
@@ -209,6 +221,8 @@ class Runtime:
     def launch(self, ck: CompiledKernel, task_index: int, buffers: list, args: bytes, workgroups: int,
                ret_buffer: wgpu.GPUBuffer | None = None) -> None:
         """Record one dispatch of ck.tasks[task_index]; buffers align with ck.buffer_sources."""
+        if self._held is not None:
+            self.release()
         tp = self._pipelines.kernel(ck).tasks[task_index]
         ret = self.ret_buffer if ret_buffer is None else ret_buffer
         key = (*map(id, buffers), id(ret))
@@ -281,6 +295,28 @@ class Runtime:
         z = ((z ^ (z >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
         return z ^ (z >> 16)
 
+    # ---- a held launch ---------------------------------------------------------------------------
+
+    def hold(self, run: Callable[[], None]) -> None:
+        """Hold back a launch: run() records it before any other work reaches the device (a launch,
+        write, read, copy, clear or submit), unless unhold() takes it back first. A tape holds its
+        last launch this way to run it fused with its adjoint when nothing came between. The
+        holder releases an earlier held launch first."""
+        if self._held is not None:
+            raise RuntimeError("Runtime.hold: a launch is held already (release it first)")
+        self._held = run
+
+    def release(self) -> None:
+        """Record the held launch now, if there is one."""
+        run, self._held = self._held, None
+        if run is not None:
+            run()
+
+    def unhold(self) -> Callable[[], None] | None:
+        """Take the held launch back without running it (its holder launches it another way)."""
+        run, self._held = self._held, None
+        return run
+
     # ---- submission ----------------------------------------------------------------------------
 
     def _get_encoder(self):
@@ -311,6 +347,8 @@ class Runtime:
 
     def flush(self) -> None:
         """Submit everything recorded so far (without waiting for it)."""
+        if self._held is not None:
+            self.release()
         if self._encoder is None:
             return
         self._end_pass()
@@ -418,6 +456,8 @@ def reset() -> None:
     """Drop the device and every field / ndarray buffer; the next use starts a fresh runtime."""
     global _runtime, _generation
     _generation += 1
+    if _runtime is not None:
+        _runtime.unhold()  # a launch held by a tape belongs to the fields that are gone
     _runtime = None
     for hook in list(_reset_hooks):
         hook()

@@ -9,6 +9,7 @@ from ...ir.nodes import Buffer, Kernel
 from .checks import check_differentiable
 from ...ir.clone import clone_kernel
 from .demote import demote_atomics, task_buffers
+from .fuse import NotFusable, check_fusable, fused_access
 from .normalize import normalize_task
 from .reverse import AdjointEmitter
 from .transpose import split_pair_task
@@ -17,7 +18,8 @@ DEFAULT_STACK_SIZE = 256  # loops bounded by constants or arguments are sized ex
 
 
 def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
-                   stack_size: int = DEFAULT_STACK_SIZE, zero: tuple = (), transpose: int | None = None) -> Kernel:
+                   stack_size: int = DEFAULT_STACK_SIZE, zero: tuple = (), transpose: int | None = None,
+                   fuse: bool = False) -> Kernel:
     """The adjoint kernel of `kernel` (its tasks reversed, each replaced by its adjoint).
 
     grad_source(buffer) gives the gradient storage of a primal buffer, or None when it has none.
@@ -26,9 +28,16 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     into instead of accumulated into.
     transpose: on CPU adapters, Runtime.min_parallel: the adjoints of pair loops whose inner loop
     has at least that many iterations may become two gathers (transpose.py).
+    fuse: the forward kernel and its adjoint in one (fuse.py): the forward's tasks but the last,
+    then the adjoint tasks, the first of which also does the last task's writes; raises
+    NotFusable when that cannot be done.
     """
     check_differentiable(kernel)
     k = clone_kernel(kernel)
+    if fuse:
+        if not k.tasks:
+            raise NotFusable("it has no tasks")
+        check_fusable(k.tasks[-1])
     grads: dict[int, Buffer] = {}
     buffers = list(k.buffers)
     by_source = {id(b.source): b for b in buffers if not isinstance(b.source, tuple)}
@@ -46,23 +55,31 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
         grads[id(b)] = g
     flags = {id(t): normalize_task(t) for t in k.tasks}
     adjoints = []  # (adjoint task, the primal task it comes from, that task's loop_dims for demote.py)
+    fused = None
     for t, orig in zip(reversed(k.tasks), reversed(kernel.tasks)):
         split = split_pair_task(t, orig, flags[id(t)], grads, transpose) if transpose is not None else None
-        if split is None:
-            adjoints.append((AdjointEmitter(k, grads, stack_size, flags[id(t)]).task(t), orig, kernel.loop_dims))
-            continue
-        adjoints.append((AdjointEmitter(k, grads, stack_size, skip=split.skip).task(t), orig, kernel.loop_dims))
-        adjoints.append((AdjointEmitter(k, grads, stack_size, skip=split.skip_transposed).task(split.transposed),
-                         split.marker, split.loop_dims))
-    out = Kernel(k.name + "_grad", [nt for nt, _, _ in adjoints], list(k.args), buffers, None, False, k.debug, k.loc)
-    used = [task_buffers(nt) for nt in out.tasks]
+        effects = fuse and not adjoints  # the last task: its adjoint does the forward's writes too
+        em = AdjointEmitter(k, grads, stack_size, flags[id(t)] if split is None else frozenset(),
+                            skip=split.skip if split is not None else frozenset(), effects=effects)
+        adjoints.append((em.task(t), orig, kernel.loop_dims))
+        if effects:
+            fused = fused_access(adjoints[-1][0], em.kept)
+        if split is not None:
+            adjoints.append((AdjointEmitter(k, grads, stack_size, skip=split.skip_transposed).task(split.transposed),
+                             split.marker, split.loop_dims))
+    before = k.tasks[:-1] if fuse else []  # the forward tasks a fused kernel runs first
+    out = Kernel(k.name + ("_fused_grad" if fuse else "_grad"), before + [nt for nt, _, _ in adjoints],
+                 list(k.args), buffers, None, False, k.debug, k.loc)
+    out.fused = fused
+    used = [task_buffers(nt) for nt, _, _ in adjoints]
+    forward_used = set().union(*(task_buffers(t) for t in before))
     zero_ids = {id(buffers[p]) for p in zero}
     candidates = set()
     for n, (nt, orig, loop_dims) in enumerate(adjoints):
-        shared = set().union(*(u for m, u in enumerate(used) if m != n))
+        shared = forward_used.union(*(u for m, u in enumerate(used) if m != n))
         candidates |= demote_atomics(loop_dims, nt, orig, shared, zero_ids)
     out.zero_stores = [(p, b) for p, b in enumerate(buffers) if id(b) in candidates]
     return out
 
 
-__all__ = ["reverse_kernel", "DEFAULT_STACK_SIZE", "clone_kernel"]
+__all__ = ["reverse_kernel", "DEFAULT_STACK_SIZE", "clone_kernel", "NotFusable"]

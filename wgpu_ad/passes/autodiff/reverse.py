@@ -37,9 +37,17 @@ class AdjointEmitter:
     """Builds one adjoint task. `d.mul(...)` etc. emit at the current position."""
 
     def __init__(self, kernel: Kernel, grads: dict[int, Buffer], stack_size: int, flags: set = frozenset(),
-                 skip: set = frozenset()):
+                 skip: set = frozenset(), effects: bool = False):
         self.kernel = kernel
         self.skip = skip                # ids of global loads left out of the differentiation
+        # the replay also does the forward's global writes (fuse.py: forward and adjoint in one
+        # task), once per forward execution: in the first replay, or, for a serial loop whose
+        # iterations share no state, in the replay of each iteration by its reverse loop (the
+        # first replay of such a loop would be a whole extra pass). self.kept: the writes made
+        self.effects = effects
+        self.keep_effects = False
+        self.effects_in_reverse: set[int] = set()  # ids of the loops that do them in reverse
+        self.kept: set[int] = set()
         self.flags = flags              # break/continue flag variables (normalize.py)
         self.grads = grads              # id(primal Buffer) -> gradient Buffer
         self.stack_size = stack_size
@@ -146,6 +154,15 @@ class AdjointEmitter:
                 a = self.at_root(Op.ALLOCA, s.dtype, s.name or s.attr)
                 b.store(a, b.const(0, s.dtype) if s.dtype != u1 else b.const(False, u1))
                 self.pm[id(s)] = a
+                continue
+            if op in (Op.GLOBAL_STORE, Op.ATOMIC) and self.keep_effects:
+                n = self.pm[id(s)] = b.emit(op, [self.pm[id(a)] for a in s.args], s.dtype, s.attr, name=s.name)
+                n.index = s.index
+                self.kept.add(id(n))
+                continue
+            if op is Op.RANGE_FOR and self.keep_effects and not self.carried[id(s)] and not _breaks(s):
+                self.stacks[id(s)] = []  # nothing to record: its reverse loop does its writes
+                self.effects_in_reverse.add(id(s))
                 continue
             if op in (Op.GLOBAL_STORE, Op.ATOMIC, Op.RETURN, Op.ASSERT):
                 continue  # the replay only recomputes values
@@ -305,7 +322,9 @@ class AdjointEmitter:
             self.loop_kinds.append("reverse")
             saved = self.root, self.in_branch
             self.root, self.in_branch = r.blocks[0], 0
+            self.keep_effects = id(s) in self.effects_in_reverse
             self.fwd(s.blocks[0], record=True)
+            self.keep_effects = False
             self.rev(s.blocks[0])
             self.root, self.in_branch = saved
             self.loop_kinds.pop()
@@ -332,7 +351,9 @@ class AdjointEmitter:
             # kernel-scope values (the bounds block) get accumulators per iteration; their
             # adjoints flow back through the bounds statements at the end of the iteration
             self.declare_accumulators(t.bounds)
+            self.keep_effects = self.effects
             self.fwd(t.body, record=True)
+            self.keep_effects = False
             self.rev(t.body)
             self.rev(t.bounds, declare=False)
         nt.body.stmts[0:0] = self.stack_allocs
