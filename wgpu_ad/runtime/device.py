@@ -48,6 +48,7 @@ class Runtime:
         self.limits: dict[str, int] = dict(self.device.limits)
         self.debug = bool(debug)
         self.readback_count = 0  # buffer read-backs to the CPU (read / read_view)
+        self.dispatch_count = 0  # compute dispatches recorded (tests tell a fused tape launch by it)
         self._stack_buf = None    # scratch for autodiff stacks (see _scratch)
         self.max_scratch_bytes = min(self.limits.get("max-storage-buffer-binding-size", 1 << 27),
                                      self.limits.get("max-buffer-size", 1 << 28), 1 << 28)
@@ -260,6 +261,7 @@ class Runtime:
         else:
             cpass.set_bind_group(0, bg)
         cpass.dispatch_workgroups(workgroups)
+        self.dispatch_count += 1
         self._batch_kernels.append(ck.name)
         self._pending += 1
         if self._pending >= self.max_pending or self.debug:
