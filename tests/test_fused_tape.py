@@ -60,37 +60,48 @@ def test_reduction_fused_and_apart_give_the_reference(fuse):
 
 
 @pytest.mark.parametrize("min_parallel", [None, 1])
-def test_pair_loop_fused(min_parallel):
-    """The gravity energy: with min_parallel=1 the adjoint is split in two gathers
-    (transpose.py) and the first one does the forward's accumulation; the serial j loop's writes
-    happen in its reverse loop (its iterations share no state)."""
+@pytest.mark.parametrize("weighted", [False, True])
+def test_pair_loop_fused(min_parallel, weighted):
+    """The gravity energy, plain (symmetric in the pair: one gather, symmetry.py) and weighted by
+    w[i] (with min_parallel=1 its adjoint is two gathers, transpose.py): the first adjoint task
+    does the forward's accumulation; the serial j loop's writes happen in its reverse loop (its
+    iterations share no state)."""
     ti.init()
     ti.get_runtime().min_parallel = min_parallel
     n = 48
     p = ti.Vector.field(2, ti.f32, shape=n, needs_grad=True)
+    w = ti.field(ti.f32, shape=n, needs_grad=True)
     U = ti.field(ti.f32, shape=(), needs_grad=True)
 
     @ti.kernel
-    def compute_U():
+    def compute_U(weighted: ti.template()):
         for i, j in ti.ndrange(n, n):
             r = p[i] - p[j]
-            U[None] += -1.0 / r.norm(1e-3)
+            e = -1.0 / r.norm(1e-3)
+            if ti.static(weighted):
+                e *= w[i]
+            U[None] += e
 
     p0 = np.random.default_rng(7).random((n, 2)).astype(np.float32)
+    w0 = _rng_x(n, lo=0.5, hi=1.5)
     p.from_numpy(p0)
+    w.from_numpy(w0)
 
-    def energy(q):
+    def energy(q, wv):
         d = q[:, None, :] - q[None, :, :]
-        return float((-1.0 / np.sqrt((d * d).sum(-1) + 1e-3)).sum())
+        e = -1.0 / np.sqrt((d * d).sum(-1) + 1e-3)
+        return float(((wv[:, None] if weighted else 1.0) * e).sum())
 
     def tape():
         with ti.ad.Tape(loss=U):
-            compute_U()
-    tasks = 2 if min_parallel else 1  # the adjoint's tasks; the forward's is fused into the first
+            compute_U(weighted)
+    tasks = 2 if min_parallel and weighted else 1  # the adjoint's; the forward's fused into the first
     assert _dispatches(tape) == tasks
-    assert U[None] == pytest.approx(energy(p0.astype(np.float64)), rel=1e-5)
-    (ref,) = central_diffs(energy, [p0])
-    assert_grad(p.grad.to_numpy(), ref)
+    assert U[None] == pytest.approx(energy(p0.astype(np.float64), w0.astype(np.float64)), rel=1e-5)
+    gp, gw = central_diffs(energy, [p0, w0])
+    assert_grad(p.grad.to_numpy(), gp)
+    if weighted:
+        assert_grad(w.grad.to_numpy(), gw)
 
 
 def test_two_loops_and_a_serial_part_in_the_last_kernel():

@@ -60,11 +60,12 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
         split = split_pair_task(t, orig, flags[id(t)], grads, transpose) if transpose is not None else None
         effects = fuse and not adjoints  # the last task: its adjoint does the forward's writes too
         em = AdjointEmitter(k, grads, stack_size, flags[id(t)] if split is None else frozenset(),
-                            skip=split.skip if split is not None else frozenset(), effects=effects)
+                            skip=split.skip if split is not None else frozenset(),
+                            double=split.double if split is not None else frozenset(), effects=effects)
         adjoints.append((em.task(t), orig, kernel.loop_dims))
         if effects:
             fused = fused_access(adjoints[-1][0], em.kept)
-        if split is not None:
+        if split is not None and split.transposed is not None:
             adjoints.append((AdjointEmitter(k, grads, stack_size, skip=split.skip_transposed).task(split.transposed),
                              split.marker, split.loop_dims))
     before = k.tasks[:-1] if fuse else []  # the forward tasks a fused kernel runs first

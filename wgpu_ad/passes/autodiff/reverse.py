@@ -37,9 +37,10 @@ class AdjointEmitter:
     """Builds one adjoint task. `d.mul(...)` etc. emit at the current position."""
 
     def __init__(self, kernel: Kernel, grads: dict[int, Buffer], stack_size: int, flags: set = frozenset(),
-                 skip: set = frozenset(), effects: bool = False):
+                 skip: set = frozenset(), double: set = frozenset(), effects: bool = False):
         self.kernel = kernel
         self.skip = skip                # ids of global loads left out of the differentiation
+        self.double = double            # ids of global loads whose gradient counts twice (symmetry.py)
         # the replay also does the forward's global writes (fuse.py: forward and adjoint in one
         # task), once per forward execution: in the first replay, or, for a serial loop whose
         # iterations share no state, in the replay of each iteration by its reverse loop (the
@@ -262,8 +263,10 @@ class AdjointEmitter:
             elif op is Op.GLOBAL_LOAD:
                 if id(s) in self.active:
                     gbuf = self.grads[id(s.attr)]
-                    acc = b.emit(Op.ATOMIC, [self.pm[id(s.args[0])], b.load(self.adj[id(s)])], f32,
-                                 (AtomicKind.ADD, gbuf))
+                    g = b.load(self.adj[id(s)])
+                    if id(s) in self.double:
+                        g = b.mul(g, b.const(2.0, f32))
+                    acc = b.emit(Op.ATOMIC, [self.pm[id(s.args[0])], g], f32, (AtomicKind.ADD, gbuf))
                     acc.index = s.index  # lets demote.py prove one writer per element
             elif op is Op.GLOBAL_STORE:
                 val = s.args[1]

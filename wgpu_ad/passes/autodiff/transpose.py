@@ -26,6 +26,9 @@ local variable that lives across iterations; and no buffer it accumulates into i
 load only decides where its gradient is summed: each task visits every (i, j), so any partition
 of the loads gives the whole gradient.
 
+A task whose terms are symmetric in (i, j), like the gravity energy, needs no transposed task at
+all: the gradients of the loads of i count twice instead (symmetry.py, tried first).
+
 And when it pays. The loop's constant trip count must give the transposed task at least
 `min_threads` threads (Runtime.min_parallel: what fills the cores). The replay the split adds
 must cost less than the subgroup sums it removes: the loop body's arithmetic, counted with the
@@ -42,6 +45,7 @@ from ...ir.clone import clone_block
 from ...ir.nodes import Block, Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
 from ..licm import licm
+from .symmetry import symmetric_terms
 
 _REFUSED_IN_LOOP = frozenset({Op.GLOBAL_STORE, Op.RANDOM, Op.WHILE, Op.BREAK, Op.CONTINUE, Op.RETURN,
                               Op.STACK_ALLOC, Op.STACK_PUSH, Op.STACK_POP, Op.WG_SUM, Op.WG_LEADER})
@@ -58,13 +62,16 @@ _UNWEIGHTED = frozenset({Op.CONST, Op.ARG, Op.LOOP_INDEX, Op.ALLOCA, Op.LOCAL_LO
 
 @dataclass
 class Split:
-    """How one range task's adjoint is split (see the module docstring)."""
+    """How one range task's adjoint is split (see the module docstring). A task whose terms are
+    symmetric in the pair (symmetry.py) needs no transposed task: the loads of j alone are left
+    out and those of i alone count twice (`double`); transposed is None then."""
 
-    transposed: Task            # j in parallel, i serial: a primal task, differentiated too
+    transposed: Task | None     # j in parallel, i serial: a primal task, differentiated too
     skip: set                   # ids of the loads the original task's adjoint leaves out
     skip_transposed: set        # ids of the loads the transposed task's adjoint leaves out
     loop_dims: dict             # for demote.py: the original j index -> (marker, 0)
-    marker: Task                # stands for the transposed task in loop_dims
+    marker: Task | None         # stands for the transposed task in loop_dims
+    double: set = frozenset()   # ids of the loads whose gradient the original task's adjoint doubles
 
 
 def split_pair_task(t: Task, orig: Task, flags: set, grads: dict, min_threads: int) -> Split | None:
@@ -101,6 +108,10 @@ def split_pair_task(t: Task, orig: Task, flags: set, grads: dict, min_threads: i
     accumulated = {id(s.attr[1]) for s in inner if s.op is Op.ATOMIC}
     if not moved or any(s.op is Op.GLOBAL_LOAD and id(s.attr) in accumulated for s in walk(t.body)):
         return None
+    if symmetric_terms(t, loop):  # no replay to pay for: always worth it
+        double = {id(s) for s in walk(t.body) if s.op is Op.GLOBAL_LOAD and id(s.attr) in grads
+                  and id(s.args[0]) in on_i and id(s.args[0]) not in on_j}
+        return Split(None, moved, set(), {}, None, double)
     if sum(_WEIGHT.get(s.op, 0 if s.op in _UNWEIGHTED else 1) for s in inner) > SUM_COST * len(moved):
         return None
     tt, m = _transposed(t, prefix, loop)
