@@ -93,6 +93,39 @@ def test_range_task_continue_and_offset_begin():
     np.testing.assert_array_equal(res.buffers[0], np.where(idx % 2 == 0, idx * 10, -1))
 
 
+@pytest.mark.parametrize("n, wants_loop", [(256, False), (257, True)])
+def test_constant_ranges_the_grid_covers_get_one_iteration_per_thread(n, wants_loop):
+    """generate(grid_cap=4): a constant range of at most 4 workgroups of 64 threads runs one
+    iteration per thread; a longer one keeps the grid-stride loop. Each gets the grid the
+    launcher would give it (at most grid_cap workgroups) and writes every element."""
+    kb = KB("cover")
+    O = kb.buf("out", i32)
+    b, i = kb.range(0, n, block_dim=64)
+    store(b, O, i, b.mul(i, b.const(3, i32)))
+    ck, res = compile_run(kb.kernel(), [np.full(n + 1, -1, I32)], groups=min(-(-n // 64), 4), grid_cap=4)
+    assert ck.tasks[0].one_pass != wants_loop
+    assert ("for (var iter" in ck.tasks[0].wgsl) == wants_loop
+    np.testing.assert_array_equal(res.buffers[0], np.append(np.arange(n) * 3, -1))
+
+
+def test_ranges_from_arguments_or_with_continue_keep_the_loop():
+    kb = KB("args")
+    O = kb.buf("out", i32)
+    b, i = kb.range(0, kb.arg("n", i32))
+    store(b, O, i, i)
+    assert not generate(kb.kernel(), float_atomics=False, debug=False, grid_cap=256).tasks[0].one_pass
+    kb = KB("cont")
+    O = kb.buf("out", i32)
+    b, i = kb.range(0, 100)
+    odd = b.if_(b.emit(Op.NE, [b.emit(Op.BIT_AND, [i, b.const(1, i32)]), b.const(0, i32)]))
+    with b.at(odd.blocks[0]):
+        b.emit(Op.CONTINUE)  # goes to the parallel loop: it must stay a loop
+    store(b, O, i, i)
+    ck, res = compile_run(kb.kernel(check=False), [np.full(100, -1, I32)], groups=1, grid_cap=256)
+    assert not ck.tasks[0].one_pass
+    np.testing.assert_array_equal(res.buffers[0], np.where(np.arange(100) % 2 == 0, np.arange(100), -1))
+
+
 def test_range_larger_than_one_dispatch():
     """10M elements with at most 65535 workgroups of 128 threads: the grid-stride loop covers it."""
     n = 10_000_000

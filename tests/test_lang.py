@@ -408,3 +408,35 @@ def test_python_scope_vectors_are_kernel_constants():
     k()
     np.testing.assert_allclose(x.to_numpy(), np.tile([0.0, -0.3, 0.0], (4, 1)), rtol=1e-6)
     np.testing.assert_allclose(out.to_numpy(), [[1 + 2 * i, 3 + 4 * i] for i in range(4)])
+
+
+def test_ranges_at_the_grid_cap():
+    """With the grid capped at 2 workgroups of 128 threads when the kernels compile, a constant
+    range of up to 256 elements runs one iteration per thread, a longer one a grid-stride loop;
+    every element is written either way. A launch that could not cover a one-iteration task (the
+    cap lowered after compiling) is refused, never run short."""
+    ti.init()
+    rt = ti.get_runtime()
+    rt.grid_cap = 2
+    for n in (255, 256, 257, 1000):
+        x = ti.field(ti.i32, shape=n)
+
+        @ti.kernel
+        def fill():
+            for i in x:
+                x[i] = i * 2 + 1
+
+        fill()
+        np.testing.assert_array_equal(x.to_numpy(), np.arange(n) * 2 + 1)
+        assert fill._get(())[0].ck.tasks[0].one_pass == (n <= 256)
+    y = ti.field(ti.i32, shape=200)
+
+    @ti.kernel
+    def fill_y():
+        for i in y:
+            y[i] = 1
+
+    fill_y()
+    rt.grid_cap = 1
+    with pytest.raises(ti.GpuError, match="does not cover its range"):
+        fill_y()

@@ -341,7 +341,7 @@ def test_debug_mode_index_error_names_the_moved_line(tmp_path):
 def test_the_key_does_not_depend_on_statement_numbering(tmp_path):
     from wgpu_ad.frontend.kernel import lower_kernel
     rt = SimpleNamespace(debug=False, has_float_atomics=False, has_subgroups=False, min_parallel=None,
-                         offline_cache_file_path=str(tmp_path))
+                         grid_cap=256, offline_cache_file_path=str(tmp_path))
     x = ti.field(ti.f32, shape=(4, 5))
 
     def kernel_with(c):

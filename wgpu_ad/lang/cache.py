@@ -322,7 +322,7 @@ def forward_slot(ir: Kernel, rt) -> Slot | None:
     # what the passes and the code generator read besides the IR (min_parallel shapes the
     # frontend IR already; it is here so a key never depends on that)
     options = (bool(rt.debug), bool(rt.has_float_atomics), bool(rt.has_subgroups),
-               rt.min_parallel, debug_enabled())
+               rt.min_parallel, rt.grid_cap, debug_enabled())
     key = _hash(FORMAT, sys.version_info[:2], pickle.HIGHEST_PROTOCOL, source_digest(), options, text)
     return Slot(folder, key, sources)
 

@@ -380,7 +380,7 @@ def _codegen(ir, rt) -> Callable:
         from ..ir.clone import clone_kernel
         from ..passes.prereduce import prereduce
         return generate(prereduce(clone_kernel(ir)), float_atomics=rt.has_float_atomics, debug=rt.debug,
-                        subgroups=rt.has_subgroups)
+                        subgroups=rt.has_subgroups, grid_cap=rt.grid_cap)
     return codegen
 
 

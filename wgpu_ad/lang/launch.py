@@ -9,7 +9,7 @@ import math
 import struct
 from typing import Callable
 
-from ..errors import KernelArgError
+from ..errors import GpuError, KernelArgError
 from ..ir.nodes import Kernel, Stmt, Task
 from ..ir.ops import GroupOp, Op
 from ..ir.semantics import evaluate, to_python, to_scalar
@@ -226,6 +226,9 @@ def launch(kobj, c, specs, args, rt):
             if task.stack_words:  # every thread needs its own stack slice: bound the grid
                 per_wg = task.stack_words * 4 * task.workgroup_size
                 wg = max(1, min(wg, rt.max_scratch_bytes // per_wg))
+            if task.one_pass and (bound is None or wg * task.workgroup_size < n):
+                raise GpuError(f"kernel '{ck.name}': task {ti} runs one iteration per thread but its "
+                               f"launch does not cover its range (compiler bug)")
         rt.launch(ck, ti, buffers, packed, wg)
     if c.has_asserts:  # debug-mode asserts, or autodiff stack overflow checks
         rt.check_errors(ck)

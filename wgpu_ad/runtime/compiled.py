@@ -36,6 +36,7 @@ class CompiledTask:
     bindings: list[BindingSpec]
     serial: bool         # True: dispatch exactly one workgroup (the shader runs on thread 0 only)
     stack_words: int = 0  # scratch words per thread for autodiff stacks (binding kind 'stack')
+    one_pass: bool = False  # a range task with one iteration per thread: the launch must cover the range
 
 
 @dataclass
