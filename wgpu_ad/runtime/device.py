@@ -5,7 +5,9 @@ for launches, one open compute pass, which is much cheaper per dispatch than a p
 submitted without waiting. The CPU waits only in read() and sync(). queue.write_buffer runs at
 the next submit *before* commands recorded but not yet submitted, so write() submits pending
 work first. The uniform args of all launches in a batch live in one buffer at dynamic offsets;
-its bytes are written right before the submit that uses them.
+its bytes are written right before the submit that uses them. A launch may be held back
+(hold(): a tape's last launch, which may end up fused with its adjoint); it is recorded before
+any other work reaches the device, so nothing can see the difference.
 """
 from __future__ import annotations
 
