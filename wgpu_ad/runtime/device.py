@@ -4,10 +4,11 @@ Ordering model: launches, copies and clears are recorded into one pending comman
 for launches, one open compute pass, which is much cheaper per dispatch than a pass each) and
 submitted without waiting. The CPU waits only in read() and sync(). queue.write_buffer runs at
 the next submit *before* commands recorded but not yet submitted, so write() submits pending
-work first. The uniform args of all launches in a batch live in one buffer at dynamic offsets;
-its bytes are written right before the submit that uses them. A launch may be held back
-(hold(): a tape's last launch, which may end up fused with its adjoint); it is recorded before
-any other work reaches the device, so nothing can see the difference.
+work first, unless it is small: then it is staged (its bytes join the batch's upload, a copy joins
+its commands). The uniform args of all launches in a batch live in one buffer at dynamic offsets;
+its bytes are written right before the submit that uses them, like the staged writes' bytes. A
+launch may be held back (hold(): a tape's last launch, which may end up fused with its adjoint);
+it is recorded before any other work reaches the device, so nothing can see the difference.
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ _STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.Buf
 _UNIFORM_CAPACITY = 256 * 1024    # one batch's args; >= 64 KiB (max uniform binding) + alignment
 _MAX_PENDING = 512                # launches per submit: bounds recorded-but-unsubmitted memory
 _STAGING_KEEP = 16 * 1024 * 1024  # read-back staging buffers up to this size are reused
+_STAGED_CAPACITY = 64 * 1024      # small host writes of one batch (see write())
+_STAGE_LIMIT = 4 * 1024           # host writes up to this many bytes are staged in the batch
 
 
 class Runtime:
@@ -88,6 +91,11 @@ class Runtime:
             label="wgpu_ad.args", size=_UNIFORM_CAPACITY, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
         self._ubytes = bytearray(_UNIFORM_CAPACITY)
         self._uoff = 0
+        self._sbuf = self.device.create_buffer(
+            label="wgpu_ad.staged_writes", size=_STAGED_CAPACITY,
+            usage=wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST)
+        self._sbytes = bytearray(_STAGED_CAPACITY)
+        self._soff = 0
         self._staging = None
         self.error_buffer = self.create_storage(ERROR_WORDS * 4, "wgpu_ad.errors")
         self.ret_buffer = self.create_storage(16, "wgpu_ad.ret")
@@ -130,6 +138,17 @@ class Runtime:
             offset, mv = a0, memoryview(span)
         self._check_range(buffer, offset, len(mv), "write")
         if self._encoder is not None:
+            n = len(mv)
+            if n <= _STAGE_LIMIT and self._soff + n <= _STAGED_CAPACITY:
+                # a small write after recorded work (a tape's seed, x[i] = v between launches):
+                # a copy in the batch from bytes uploaded before its submit, instead of a submit now
+                off = self._soff
+                self._sbytes[off: off + n] = mv
+                self._soff = off + n
+                self._end_pass()
+                self._get_encoder().copy_buffer_to_buffer(self._sbuf, off, buffer, offset, n)
+                self._count_pending("write")
+                return
             self.flush()
         try:
             self.queue.write_buffer(buffer, offset, mv)
@@ -359,6 +378,8 @@ class Runtime:
         try:
             if self._uoff:
                 self.queue.write_buffer(self._ubuf, 0, memoryview(self._ubytes)[: self._uoff])
+            if self._soff:
+                self.queue.write_buffer(self._sbuf, 0, memoryview(self._sbytes)[: self._soff])
             self.queue.submit([self._encoder.finish()])
         except WGPU_ERRORS as e:
             err = self._batch_error(e)
@@ -368,7 +389,7 @@ class Runtime:
 
     def _drop_batch(self) -> None:
         self._encoder = self._pass = self._last_pipeline = None
-        self._pending = self._uoff = 0
+        self._pending = self._uoff = self._soff = 0
         self._batch_kernels = []
 
     def _batch_error(self, e: Exception) -> GpuError:
