@@ -283,6 +283,44 @@ def test_unaligned_write_and_read():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("nbytes", [4, 4096, 4100])
+def test_writes_between_launches_keep_their_order(nbytes):
+    """Small writes after recorded launches are staged in the batch (uploaded before its submit,
+    copied in order); larger ones submit the batch first. Either way each launch sees the
+    writes before it and not those after it, in one batch too, past the staging capacity."""
+    rt = D.init()
+    wgsl = "@group(0) @binding(0) var<storage, read_write> a: array<u32>;\n" \
+           "@compute @workgroup_size(1) fn main() { a[0] = a[0] * 3u + a[1]; a[1] = a[1] + 1u; }"
+    ck = CompiledKernel("mix", [CompiledTask("t", wgsl, "main", 1, [BindingSpec(0, "buffer", 0)], True)], 0, ["a"])
+    buf = rt.create_storage(max(nbytes, 8), "a")
+    want = np.zeros(max(nbytes, 8) // 4, np.uint64)
+    rt.launch(ck, 0, [buf], b"", 1)  # the batch is open from here on
+    want[0], want[1] = 0, 1
+    submits = []
+    queue = rt.queue
+
+    class CountingQueue:
+        def __getattr__(self, name):
+            return getattr(queue, name)
+
+        def submit(self, command_buffers):
+            submits.append(len(command_buffers))
+            return queue.submit(command_buffers)
+    rt.queue = CountingQueue()
+    for k in range(1, 40):  # 39 writes of up to 4100 bytes: past the 64 KiB of staging
+        rt.write(buf, np.full(nbytes // 4, k, np.uint32))
+        want[: nbytes // 4] = k
+        rt.launch(ck, 0, [buf], b"", 1)
+        want[0] = want[0] * 3 + want[1]
+        want[1] += 1
+    during = len(submits)
+    got = read_u32(rt, buf, len(want))
+    np.testing.assert_array_equal(got, (want % 2**32).astype(np.uint32))
+    # staged: no submit (4 bytes), one each time 64 KiB of staging fill up (4096); not staged: one per write
+    assert during == {4: 0, 4096: 39 * 4096 // (64 * 1024), 4100: 39}[nbytes]
+
+
+@pytest.mark.gpu
 def test_return_value_buffer():
     rt = D.init()
     wgsl = "@group(0) @binding(0) var<storage, read_write> ret: array<u32>;\n" \
