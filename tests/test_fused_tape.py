@@ -27,6 +27,14 @@ def _dispatches(fn) -> int:
     return rt.dispatch_count - before
 
 
+def _taped(loss, kernel, *args) -> int:
+    """Run kernel(*args) in a tape with this loss; the number of dispatches it took."""
+    def tape():
+        with ti.ad.Tape(loss=loss):
+            kernel(*args)
+    return _dispatches(tape)
+
+
 def _reduction(n=5000):
     x = ti.field(ti.f32, shape=n, needs_grad=True)
     loss = ti.field(ti.f32, shape=(), needs_grad=True)
@@ -46,15 +54,11 @@ def test_reduction_fused_and_apart_give_the_reference(fuse):
     ti.init()
     ti.get_runtime().fuse_adjoint = fuse
     x, loss, energy, x0 = _reduction()
-
-    def tape():
-        with ti.ad.Tape(loss=loss):
-            energy()
-    assert _dispatches(tape) == (1 if fuse else 2)
+    assert _taped(loss, energy) == (1 if fuse else 2)
     assert loss[None] == pytest.approx(float((x0 * x0 + np.sin(x0)).sum()), rel=1e-5)
     assert_grad(x.grad.to_numpy(), 2 * x0 + np.cos(x0))
     # a second tape: the gradients were cleared, the loss recomputed, not accumulated
-    tape()
+    _taped(loss, energy)
     assert loss[None] == pytest.approx(float((x0 * x0 + np.sin(x0)).sum()), rel=1e-5)
     assert_grad(x.grad.to_numpy(), 2 * x0 + np.cos(x0))
 
@@ -92,11 +96,8 @@ def test_pair_loop_fused(min_parallel, weighted):
         e = -1.0 / np.sqrt((d * d).sum(-1) + 1e-3)
         return float(((wv[:, None] if weighted else 1.0) * e).sum())
 
-    def tape():
-        with ti.ad.Tape(loss=U):
-            compute_U(weighted)
     tasks = 2 if min_parallel and weighted else 1  # the adjoint's; the forward's fused into the first
-    assert _dispatches(tape) == tasks
+    assert _taped(U, compute_U, weighted) == tasks
     assert U[None] == pytest.approx(energy(p0.astype(np.float64), w0.astype(np.float64)), rel=1e-5)
     gp, gw = central_diffs(energy, [p0, w0])
     assert_grad(p.grad.to_numpy(), gp)
@@ -153,10 +154,7 @@ def test_serial_kernel_fused():
     a0 = np.array([0.3, -1.2, 2.0], np.float32)
     a.from_numpy(a0)
 
-    def tape():
-        with ti.ad.Tape(loss=loss):
-            norm()
-    assert _dispatches(tape) == 1
+    assert _taped(loss, norm) == 1
     r = float(np.linalg.norm(a0.astype(np.float64)))
     assert loss[None] == pytest.approx(r, rel=1e-6)
     assert_grad(a.grad.to_numpy(), a0.astype(np.float64) / r)
@@ -205,10 +203,7 @@ def test_serial_loops_in_the_fused_task():
                 out += xv[i] * xv[i] * wv[j]
         return out
 
-    def tape():
-        with ti.ad.Tape(loss=loss):
-            pairs()
-    assert _dispatches(tape) == 1
+    assert _taped(loss, pairs) == 1
     assert loss[None] == pytest.approx(f(x0.astype(np.float64), w0.astype(np.float64)), rel=1e-5)
     gx, gw = central_diffs(f, [x0, w0])
     assert_grad(x.grad.to_numpy(), gx)
@@ -240,10 +235,7 @@ def test_loop_with_carried_state_is_not_fused():
             acc = acc + 0.1 * np.sin(acc)
         return float((acc * acc).sum())
 
-    def tape():
-        with ti.ad.Tape(loss=loss):
-            iterate()
-    assert _dispatches(tape) == 2
+    assert _taped(loss, iterate) == 2
     assert loss[None] == pytest.approx(f(x0.astype(np.float64)), rel=1e-5)
     (gx,) = central_diffs(f, [x0])
     assert_grad(x.grad.to_numpy(), gx)
@@ -265,10 +257,7 @@ def test_forward_reading_its_own_writes_is_not_fused():
     x0 = _rng_x(n)
     x.from_numpy(x0)
 
-    def tape():
-        with ti.ad.Tape(loss=loss):
-            compute()
-    assert _dispatches(tape) == 2
+    assert _taped(loss, compute) == 2
     xd = x0.astype(np.float64)
     assert loss[None] == pytest.approx(float((np.cos(xd) * xd).sum()), rel=1e-5)
     assert_grad(x.grad.to_numpy(), np.cos(xd) - xd * np.sin(xd))
@@ -291,10 +280,7 @@ def test_adjoint_reading_the_forward_result_is_not_fused():
     x0 = np.random.default_rng(9).permutation(n).astype(np.float32) / n  # distinct values
     x.from_numpy(x0)
 
-    def tape():
-        with ti.ad.Tape(loss=loss):
-            biggest()
-    assert _dispatches(tape) == 2
+    assert _taped(loss, biggest) == 2
     assert loss[None] == pytest.approx(3.0 * float(x0.max()), rel=1e-6)
     ref = np.zeros(n)
     ref[int(np.argmax(x0))] = 3.0
@@ -421,11 +407,7 @@ def test_fused_kernel_comes_from_the_offline_cache(tmp_path, monkeypatch):
         ti.init(offline_cache_file_path=str(tmp_path))
         before = dict(cache.stats)
         x, loss, energy, x0 = _reduction(n=900)
-
-        def tape():
-            with ti.ad.Tape(loss=loss):
-                energy()
-        assert _dispatches(tape) == 1
+        assert _taped(loss, energy) == 1
         got = {k: cache.stats[k] - before[k] for k in ("hits", "misses", "writes")}
         # the forward kernel, the fused kernel and its variant that stores into the all-zero x.grad
         assert got == ({"hits": 0, "misses": 3, "writes": 3} if run == "cold" else
