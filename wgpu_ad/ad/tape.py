@@ -9,9 +9,10 @@ The kernel launcher tells the tape about every forward launch (state.on_launch);
 orders launches and calls `kernel.grad(*args)` (the generated adjoint) or a grad_replaced
 function's gradient in reverse. The last launch of a tape with a loss is held back (Tape.hold)
 until anything else reaches the device; when nothing did by the end of the block, it runs fused
-with its adjoint in one launch (passes/autodiff/fuse.py), which saves a pass over its data. Before the backward pass it checks that a gradient can actually
-flow from the loss to something, and names the field that stops it: Taichi silently gives zero
-gradients there (or "Gradients of loss are not allocated").
+with its adjoint in one launch (passes/autodiff/fuse.py), which saves a pass over its data.
+Before the backward pass the tape checks that a gradient can actually flow from the loss to
+something, and names the field that stops it: Taichi silently gives zero gradients there (or
+"Gradients of loss are not allocated").
 """
 from __future__ import annotations
 
@@ -255,7 +256,7 @@ class Tape:
     def _release(self) -> None:
         """Launch the held launch now, if the runtime still holds it (ti.reset() drops it)."""
         held = self._held
-        if held is not None and held.rt._held == self._run_held:
+        if held is not None and held.rt.holds(self._run_held):
             held.rt.release()
         self._held = None
 
@@ -311,7 +312,7 @@ class Tape:
             raise
         held = self._held
         if held is not None:
-            if held.rt._held == self._run_held:
+            if held.rt.holds(self._run_held):
                 held.rt.unhold()  # the backward pass launches it, fused with its adjoint if it can
             else:
                 held = None  # dropped by ti.reset()
