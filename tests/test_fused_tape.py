@@ -241,6 +241,28 @@ def test_loop_with_carried_state_is_not_fused():
     assert_grad(x.grad.to_numpy(), gx)
 
 
+def test_ndarray_arguments_fused():
+    """Gradients of ndarray arguments are resolved from the arguments at each launch: two
+    ndarrays in turn through the same compiled kernel."""
+    ti.init()
+    n = 500
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def cubes(a: ti.types.ndarray(), c: ti.f32):
+        for i in a:
+            loss[None] += c * a[i] ** 3
+
+    for seed in (1, 2):
+        a = ti.ndarray(ti.f32, shape=n, needs_grad=True)
+        a0 = _rng_x(n, seed=seed)
+        a.from_numpy(a0)
+        assert _taped(loss, cubes, a, 0.5) == 1
+        ad = a0.astype(np.float64)
+        assert loss[None] == pytest.approx(float((0.5 * ad ** 3).sum()), rel=1e-5, abs=1e-4)
+        assert_grad(a.grad.to_numpy(), 1.5 * ad ** 2)
+
+
 def test_forward_reading_its_own_writes_is_not_fused():
     ti.init()
     n = 400
