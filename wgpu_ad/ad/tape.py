@@ -241,8 +241,10 @@ class Tape:
                 or compiled.ck.ret_dtype is not None or compiled.has_asserts or compiled.ir.uses_random):
             return False
         rt.release()  # the launch held before this one runs first
-        for resolve in compiled.resolvers:  # what the launch asks for now (allocation, Storage.all_zero)
-            resolve(args)
+        # what the launch asks for now (allocation, Storage.all_zero), and its argument errors
+        buffers = [resolve(args) for resolve in compiled.resolvers]
+        if compiled.alias_check is not None:
+            compiled.alias_check(buffers)
         self._held = _Held(self.entries[-1], kernel, compiled, specs, tuple(args), rt)
         rt.hold(self._run_held)
         return True

@@ -114,6 +114,7 @@ class _Compiled:
     slot: Any = None                # lang/cache.Slot: where this compile lives on disk, or None
     zero_check: Any = None          # adjoints: launch.make_zero_check, or None without candidates
     fuse_check: Any = None          # fused adjoints: launch.make_fuse_check
+    alias_check: Any = None         # launch.make_alias_check: ndarrays bound both ways, or None
 
 
 class Kernel:
@@ -386,11 +387,11 @@ def _codegen(ir, rt) -> Callable:
 
 def _assemble(ir, ck, stacks, specs, rt, slot) -> _Compiled:
     """What a launch needs, from the optimised IR and its WGSL (compiled now or loaded)."""
-    from .launch import make_bounds, make_fuse_check, make_packer, make_resolvers, make_zero_check
+    from .launch import make_alias_check, make_bounds, make_fuse_check, make_packer, make_resolvers, make_zero_check
     return _Compiled(ck, ir, make_packer(ir, specs), [make_bounds(t) for t in ir.tasks],
                      make_resolvers(ck, specs), bool(ck.asserts), stacks=stacks,
                      codegen=_codegen(ir, rt), slot=slot, zero_check=make_zero_check(ir, ck, specs),
-                     fuse_check=make_fuse_check(ir, specs))
+                     fuse_check=make_fuse_check(ir, specs), alias_check=make_alias_check(ck))
 
 
 def launch_fused(k: Kernel, args) -> bool:

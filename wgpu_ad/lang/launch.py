@@ -187,6 +187,29 @@ def make_zero_check(kern: Kernel, ck, specs) -> Callable | None:
     return check
 
 
+def make_alias_check(ck) -> Callable | None:
+    """(buffers of a launch) -> raise KernelArgError when one ndarray (or its gradient) passed as
+    two arguments is read through one and written through the other in one task: WebGPU refuses
+    a buffer bound both ways in one dispatch. None when no task binds two argument buffers so."""
+    pairs = []
+    for t in ck.tasks:
+        binds = [b for b in t.bindings if b.kind == "buffer" and isinstance(ck.buffer_sources[b.key], tuple)]
+        pairs += [(a.key, b.key) for n, a in enumerate(binds) for b in binds[n + 1:] if a.read_only != b.read_only]
+    if not pairs:
+        return None
+
+    def check(buffers) -> None:
+        for a, b in pairs:
+            if buffers[a] is buffers[b] and buffers[a] is not None:
+                (ka, na), (kb, nb) = ck.buffer_sources[a], ck.buffer_sources[b]
+                what = "the same ndarray" if ka == kb == "arg" else "ndarrays sharing a gradient"
+                raise KernelArgError(
+                    f"kernel '{ck.name}': arguments '{na}' and '{nb}' are {what}, read through one and written "
+                    f"through the other in one parallel loop, which WebGPU cannot bind in one dispatch (and "
+                    f"whose result would depend on the order of the threads); pass a copy as one of them")
+    return check
+
+
 def make_fuse_check(kern: Kernel, specs) -> Callable | None:
     """For a fused forward + adjoint kernel (passes/autodiff/fuse.py): call args -> whether its two
     parts may share one pass: the forward's writes are neither read nor written by anything else
@@ -208,6 +231,8 @@ def launch(kobj, c, specs, args, rt):
     ck = c.ck
     packed = c.pack(args, rt)
     buffers = [r(args) for r in c.resolvers]
+    if c.alias_check is not None:
+        c.alias_check(buffers)
     vals = None
     for ti, task in enumerate(ck.tasks):
         if task.serial:
