@@ -256,10 +256,9 @@ class Tape:
             held.launch()
 
     def _release(self) -> None:
-        """Launch the held launch now, if the runtime still holds it (ti.reset() drops it)."""
-        held = self._held
-        if held is not None and held.rt.holds(self._run_held):
-            held.rt.release()
+        """Launch the held launch now (ti.reset() has dropped it from the runtime: then nothing)."""
+        if self._held is not None:
+            self._held.rt.release()  # the runtime holds at most this tape's launch
         self._held = None
 
     def insert(self, func: Callable, args: tuple) -> None:
@@ -312,13 +311,10 @@ class Tape:
         except BaseException:
             self._release()  # the forward pass completes whatever the backward pass does
             raise
-        held = self._held
-        if held is not None:
-            if held.rt.holds(self._run_held):
-                held.rt.unhold()  # the backward pass launches it, fused with its adjoint if it can
-            else:
-                held = None  # dropped by ti.reset()
-            self._held = None
+        held, self._held = self._held, None
+        if held is not None and held.rt.unhold() is None:
+            held = None  # dropped by ti.reset()
+        # else the backward pass launches it, fused with its adjoint if it can
         if self.loss is not None:
             self.loss.grad.fill(1)
         prev = state.in_backward

@@ -13,6 +13,7 @@ from functools import lru_cache
 from ..errors import CompileError
 from ..ir.nodes import Block, Buffer, Kernel, Stmt, Task, walk, walk_task
 from ..ir.ops import AtomicKind, Op
+from ..ir.utils import jumps_to_loop
 from ..runtime.compiled import ERROR_WORDS, BindingSpec, CompiledKernel, CompiledTask
 from ..types import DType, f16, f32, i32, u1, u32
 from . import shaders
@@ -480,7 +481,7 @@ class TaskEmitter:
         lo, hi = t.begin, t.end
         self.one_pass = (self.opts.grid_cap is not None and not self.stack_words and lo.op is Op.CONST
                          and hi.op is Op.CONST and int(hi.attr) - int(lo.attr) <= self.opts.grid_cap * wg
-                         and not _continues(t.body))
+                         and not jumps_to_loop(t.body, Op.CONTINUE))
         if self.one_pass:
             self.line(1, "// forward: one iteration per thread (the launch covers the range)")
             self.line(1, "let iter = thread_id;")
@@ -680,12 +681,6 @@ def format_wgsl(kernel: Kernel | CompiledKernel, *, float_atomics: bool = False,
         kernel, float_atomics=float_atomics, debug=debug, workgroup_size=workgroup_size)
     sep = "\n// " + "-" * 76 + "\n\n"
     return sep.join(t.wgsl for t in ck.tasks)
-
-
-def _continues(block: Block) -> bool:
-    """Whether a `continue` in `block` (outside its serial loops) goes to the enclosing loop."""
-    return any(s.op is Op.CONTINUE or (s.op is Op.IF and any(_continues(b) for b in s.blocks))
-               for s in block.stmts)
 
 
 def _element_component(a: Stmt, c: int) -> tuple | None:

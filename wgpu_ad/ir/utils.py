@@ -17,6 +17,13 @@ READS = frozenset({Op.GLOBAL_LOAD, Op.LOCAL_LOAD})
 TERMINATORS = frozenset({Op.BREAK, Op.CONTINUE, Op.RETURN})
 
 
+def jumps_to_loop(block: Block, op: Op) -> bool:
+    """Whether `block` has a BREAK or CONTINUE (`op`) for the loop it belongs to: at its top level
+    or inside its IFs, not inside its own nested loops."""
+    return any(s.op is op or (s.op is Op.IF and any(jumps_to_loop(b, op) for b in s.blocks))
+               for s in block.stmts)
+
+
 def is_pure(s: Stmt) -> bool:
     return s.op in PURE
 

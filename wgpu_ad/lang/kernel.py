@@ -3,16 +3,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 import os
-import struct
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
-
 from ..errors import CompileError, KernelArgError, WgpuAdError, debug_enabled
-from ..types import DType, MatrixType, VectorType, to_dtype
+from ..types import MatrixType, VectorType, to_dtype
 from .launch import launch, storage_getter
 
 _compile_epoch = [0]  # bumped by ti.reset(): compiled kernels belong to one device

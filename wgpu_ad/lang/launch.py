@@ -5,7 +5,6 @@ is a few list operations and one struct.pack.
 """
 from __future__ import annotations
 
-import math
 import struct
 from typing import Callable
 
@@ -253,7 +252,9 @@ def launch(kobj, c, specs, args, rt):
                 wg = max(1, min(wg, rt.max_scratch_bytes // per_wg))
             if task.one_pass and (bound is None or wg * task.workgroup_size < n):
                 raise GpuError(f"kernel '{ck.name}': task {ti} runs one iteration per thread but its "
-                               f"launch does not cover its range (compiler bug)")
+                               f"launch does not cover its range: Runtime.grid_cap was lowered after "
+                               f"the kernel was compiled (set it before the first launch, or call "
+                               f"ti.reset()); otherwise a compiler bug")
         rt.launch(ck, ti, buffers, packed, wg)
     if c.has_asserts:  # debug-mode asserts, or autodiff stack overflow checks
         rt.check_errors(ck)

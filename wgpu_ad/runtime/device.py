@@ -335,10 +335,6 @@ class Runtime:
         if run is not None:
             run()
 
-    def holds(self, run: Callable[[], None]) -> bool:
-        """Whether `run` is the launch held now (ti.reset() drops a held launch)."""
-        return self._held is not None and self._held == run
-
     def unhold(self) -> Callable[[], None] | None:
         """Take the held launch back without running it (its holder launches it another way)."""
         run, self._held = self._held, None

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...errors import CompileError
 from ...ir.builder import Builder
-from ...ir.nodes import ArgSlot, Block, Buffer, Kernel, Stmt, Task, walk
+from ...ir.nodes import Block, Buffer, Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, GroupOp, Op
 from ...types import f32, i32, u1
-from ...ir.clone import clone_kernel
+from ...ir.utils import jumps_to_loop
 from .rules import RULES, ZERO
 
 
@@ -378,14 +377,7 @@ def _carried(loop: Stmt, flags: set) -> list[Stmt]:
 
 
 def _breaks(loop: Stmt) -> bool:
-    def has(block: Block) -> bool:
-        for s in block.stmts:
-            if s.op is Op.BREAK:
-                return True
-            if s.op is Op.IF and any(has(x) for x in s.blocks):
-                return True
-        return False
-    return has(loop.blocks[0])
+    return jumps_to_loop(loop.blocks[0], Op.BREAK)
 
 
 @dataclass

@@ -16,6 +16,11 @@ def _cmp_select(d, op, x, y, g):
     return [d.select(c, g, d.zero), d.select(c, d.zero, g)]
 
 
+def _div(d, x, y, r, g):
+    inv = d.div(d.one, y)  # one reciprocal per divisor (see SQRT)
+    return [d.mul(g, inv), d.neg(d.mul(d.mul(g, r), inv))]
+
+
 RULES = {
     Op.NEG: lambda d, x, r, g: [d.neg(g)],
     Op.ABS: lambda d, x, r, g: [d.mul(g, d.emit(Op.SIGN, [x]))],
@@ -36,7 +41,7 @@ RULES = {
     Op.ADD: lambda d, x, y, r, g: [g, g],
     Op.SUB: lambda d, x, y, r, g: [g, d.neg(g)],
     Op.MUL: lambda d, x, y, r, g: [d.mul(g, y), d.mul(g, x)],
-    Op.DIV: lambda d, x, y, r, g: [d.mul(g, inv := d.div(d.one, y)), d.neg(d.mul(d.mul(g, r), inv))],
+    Op.DIV: _div,
     # d/dx x^y = y x^(y-1); d/dy x^y = x^y log x (only asked for when y is active)
     Op.POW: lambda d, x, y, r, g: [d.mul(g, d.mul(y, d.emit(Op.POW, [x, d.sub(y, d.one)]))),
                                   d.lazy(lambda: d.mul(g, d.mul(r, d.emit(Op.LOG, [x]))))],
