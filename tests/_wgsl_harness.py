@@ -11,13 +11,14 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
+from wgpu_ad import plan
 from wgpu_ad.codegen import generate
 from wgpu_ad.ir.builder import Builder
 from wgpu_ad.ir.nodes import ArgSlot, Block, Buffer, Kernel, Task
 from wgpu_ad.ir.ops import Op
 from wgpu_ad.ir.verifier import verify
 from wgpu_ad.runtime.compiled import ERROR_WORDS, CompiledKernel
-from wgpu_ad.types import i32
+from wgpu_ad.types import i32, u32
 
 ARGS_OFFSET = 256   # the argument block sits at a non-zero dynamic offset, as in the runtime
 
@@ -72,7 +73,7 @@ def run(ck: CompiledKernel, buffers=(), args=(), groups: int = 64) -> Result:
     dev = device()
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
     arrays = [np.ascontiguousarray(a) for a in buffers]
-    assert len(arrays) == len(ck.buffer_sources), "one array per kernel buffer"
+    assert len(arrays) == len(ck.plan.buffers), "one array per kernel buffer"
 
     def storage(data: bytes):
         size = max(4, (len(data) + 3) // 4 * 4)
@@ -138,12 +139,18 @@ class KB:
         self.name, self.bufs, self.args, self.tasks = name, [], [], []
 
     def buf(self, name, dtype):
-        b = Buffer(name, dtype, ("arg", len(self.bufs)))
+        b = Buffer(name, dtype, plan.Arg(len(self.bufs)))
         self.bufs.append(b)
         return b
 
+    def seed(self):
+        """The random seed's word (what the frontend adds to kernels that draw random numbers)."""
+        a = ArgSlot("_seed", u32, len(self.args), plan.Seed())
+        self.args.append(a)
+        return a
+
     def arg(self, name, dtype):
-        a = ArgSlot(name, dtype, len(self.args))
+        a = ArgSlot(name, dtype, len(self.args), plan.Scalar(len(self.args), dtype.name))
         self.args.append(a)
         return a
 

@@ -10,6 +10,7 @@ import pytest
 
 import _wgsl_harness as H
 from _wgsl_harness import KB, arg, atomic, compile_run, load, store
+from wgpu_ad import plan
 from wgpu_ad.codegen import format_wgsl, generate
 from wgpu_ad.codegen import shaders
 from wgpu_ad.ir.nodes import Block
@@ -103,7 +104,7 @@ def test_constant_ranges_the_grid_covers_get_one_iteration_per_thread(n, wants_l
     b, i = kb.range(0, n, block_dim=64)
     store(b, O, i, b.mul(i, b.const(3, i32)))
     ck, res = compile_run(kb.kernel(), [np.full(n + 1, -1, I32)], groups=min(-(-n // 64), 4), grid_cap=4)
-    assert ck.tasks[0].one_pass != wants_loop
+    assert ck.plan.tasks[0].one_pass != wants_loop
     assert ("for (var iter" in ck.tasks[0].wgsl) == wants_loop
     np.testing.assert_array_equal(res.buffers[0], np.append(np.arange(n) * 3, -1))
 
@@ -113,7 +114,7 @@ def test_ranges_from_arguments_or_with_continue_keep_the_loop():
     O = kb.buf("out", i32)
     b, i = kb.range(0, kb.arg("n", i32))
     store(b, O, i, i)
-    assert not generate(kb.kernel(), float_atomics=False, debug=False, grid_cap=256).tasks[0].one_pass
+    assert not generate(kb.kernel(), float_atomics=False, debug=False, grid_cap=256).plan.tasks[0].one_pass
     kb = KB("cont")
     O = kb.buf("out", i32)
     b, i = kb.range(0, 100)
@@ -122,7 +123,7 @@ def test_ranges_from_arguments_or_with_continue_keep_the_loop():
         b.emit(Op.CONTINUE)  # goes to the parallel loop: it must stay a loop
     store(b, O, i, i)
     ck, res = compile_run(kb.kernel(check=False), [np.full(100, -1, I32)], groups=1, grid_cap=256)
-    assert not ck.tasks[0].one_pass
+    assert not ck.plan.tasks[0].one_pass
     np.testing.assert_array_equal(res.buffers[0], np.where(np.arange(100) % 2 == 0, np.arange(100), -1))
 
 
@@ -158,7 +159,7 @@ def test_results_do_not_depend_on_dispatch_shape_and_block_dim():
     X, O = kb.buf("x", f32), kb.buf("out", f32)
     b, i = kb.range(0, 5000, block_dim=64)
     store(b, O, i, b.add(b.mul(load(b, X, i), load(b, X, i)), b.emit(Op.RANDOM, (), f32)))
-    kb.arg("_seed", u32)
+    kb.seed()
     k = kb.kernel()
     x = np.linspace(-1, 1, 5000).astype(F32)
     ck, r1 = compile_run(k, [x, np.zeros(5000, F32)], [np.uint32(3)], groups=1)
@@ -345,7 +346,7 @@ def _random_kernel(dtype=f32, draws=2):
     kb = KB("rand")
     outs = [kb.buf(f"r{k}", dtype) for k in range(draws)]
     N = kb.arg("n", i32)
-    kb.arg("_seed", u32)
+    kb.seed()
     b, i = kb.range(0, N)
     for o in outs:
         store(b, o, i, b.emit(Op.RANDOM, (), dtype))
@@ -371,7 +372,7 @@ def test_random_f32_uniform_and_seeded():
 def test_random_in_a_serial_task_with_a_loop():
     kb = KB("rand_serial")
     O = kb.buf("out", f32)
-    kb.arg("_seed", u32)
+    kb.seed()
     b = kb.serial()
     loop = b.range_for(b.const(0, i32), b.const(4000, i32))
     with b.at(loop.blocks[0]):
@@ -444,7 +445,7 @@ def test_binding_contract_and_readable_names():
     store(s, Y, s.const(0, i32), s.const(3, i32))
     k = kb.kernel()
     ck = generate(k, float_atomics=False, debug=False)
-    assert ck.arg_words == 2 and ck.buffer_sources == [("arg", j) for j in range(4)] and ck.ret_dtype is None
+    assert ck.arg_words == 2 and ck.plan.buffers == tuple(plan.Arg(j) for j in range(4)) and ck.ret_dtype is None
     t0, t1 = ck.tasks
     assert [(b.binding, b.kind, b.key, b.read_only) for b in t0.bindings] == \
         [(0, "args", -1, False), (1, "buffer", 0, True), (2, "buffer", 1, False)]

@@ -52,7 +52,7 @@ def _reduction(n=5000):
 @pytest.mark.parametrize("fuse", [True, False])
 def test_reduction_fused_and_apart_give_the_reference(fuse):
     ti.init()
-    ti.get_runtime().fuse_adjoint = fuse
+    ti.set_compile_options(fuse_adjoint=fuse)
     x, loss, energy, x0 = _reduction()
     assert _taped(loss, energy) == (1 if fuse else 2)
     assert loss[None] == pytest.approx(float((x0 * x0 + np.sin(x0)).sum()), rel=1e-5)
@@ -71,7 +71,7 @@ def test_pair_loop_fused(min_parallel, weighted):
     does the forward's accumulation; the serial j loop's writes happen in its reverse loop (its
     iterations share no state)."""
     ti.init()
-    ti.get_runtime().min_parallel = min_parallel
+    ti.set_compile_options(min_parallel=min_parallel)
     n = 48
     p = ti.Vector.field(2, ti.f32, shape=n, needs_grad=True)
     w = ti.field(ti.f32, shape=n, needs_grad=True)
@@ -310,20 +310,16 @@ def test_adjoint_reading_the_forward_result_is_not_fused():
 
 
 def test_storage_rule_at_launch():
-    """make_fuse_check on the storages one launch binds (here ndarray arguments, which the
+    """The fuse check on the storages one launch binds (here ndarray arguments, which the
     compiler cannot tell apart): the forward's writes must be touched by nothing else, and the
     adjoint must write none of the primal storages read."""
-    from wgpu_ad.frontend.kernel import ArgSpec
-    from wgpu_ad.ir.nodes import Buffer, Kernel
-    from wgpu_ad.lang.launch import make_fuse_check
-    from wgpu_ad.passes.autodiff.fuse import Fused
-    from wgpu_ad.types import f32
+    from wgpu_ad import plan
+    from wgpu_ad.lang.launch import _fuse_check, storage_getter
 
-    names = ("pr", "gr", "fw", "aw")
-    bufs = [Buffer(n, f32, ("arg", n)) for n in names]
-    kern = Kernel("k", [])
-    kern.fused = Fused(*([b] for b in bufs))
-    check = make_fuse_check(kern, [ArgSpec(n, "ndarray", f32) for n in names])
+    storage = [storage_getter(plan.Arg(k), []) for k in range(4)]
+    lp = plan.LaunchPlan(words=(), buffers=tuple(plan.Arg(k) for k in range(4)), tasks=(), grid_cap=1,
+                         fused=((0,), (1,), (2,), (3,)))
+    check = _fuse_check(lp, storage)
     p, g, w, a = object(), object(), object(), object()
     assert check((p, g, w, a))
     assert not check((w, g, w, a))   # the forward's write read as a primal
@@ -331,7 +327,6 @@ def test_storage_rule_at_launch():
     assert not check((p, g, w, w))   # ... written by the adjoint
     assert not check((a, g, w, a))   # the adjoint writes a primal the task reads
     assert check((p, a, w, a))       # the adjoint reads what it writes: as in any adjoint
-    assert make_fuse_check(Kernel("plain", []), []) is None
 
 
 def test_anything_reaching_the_device_runs_the_held_launch_first():
@@ -420,7 +415,7 @@ def test_custom_gradient_after_the_last_kernel():
 def test_fused_kernel_comes_from_the_offline_cache(tmp_path, monkeypatch):
     """After ti.reset() the fused kernel (its own cache entry) is loaded, not compiled, and gives
     the same, right values."""
-    from wgpu_ad.lang import cache
+    from wgpu_ad.compiler import cache
 
     monkeypatch.delenv("WGPU_AD_OFFLINE_CACHE", raising=False)
 

@@ -9,6 +9,7 @@ import struct
 import numpy as np
 import pytest
 
+from wgpu_ad import plan
 from wgpu_ad.errors import KernelArgError, KernelRuntimeError
 from wgpu_ad.ir.builder import Builder
 from wgpu_ad.ir.interpreter import run_kernel
@@ -534,14 +535,14 @@ def test_out_of_range_index_names_the_buffer():
 
 def test_random_statistics_and_seed():
     out, bits_out = Buffer("out", f32, None), Buffer("bits", u32, None)
-    seed_slot = ArgSlot("_seed", u32, 0)
+    seed_slot = ArgSlot("_seed", u32, 0, plan.Seed())
     k, b, t = range_kernel(0, 4000, out, bits_out, args=[seed_slot])
     i = b.loop_index(t)
     store(b, out, i, b.emit(Op.RANDOM, (), f32))
     store(b, bits_out, i, b.emit(Op.RANDOM, (), u32))
     verify(k)
     r1, u1_ = np.zeros(4000, np.float32), np.zeros(4000, np.uint32)
-    run_kernel(k, [r1, u1_], [], seed=1)  # the _seed slot may be left out
+    run_kernel(k, [r1, u1_], [], seed=1)  # the seed slot may be left out
     assert r1.min() >= 0 and r1.max() < 1
     assert abs(r1.mean() - 0.5) < 0.02 and abs(r1.var() - 1 / 12) < 0.01
     assert abs(np.mean(u1_ >> 31) - 0.5) < 0.04  # the top bit is used

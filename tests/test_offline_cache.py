@@ -1,4 +1,4 @@
-"""The offline cache (wgpu_ad/lang/cache.py): a second process loads compiled kernels instead of
+"""The offline cache (wgpu_ad/compiler/cache.py): a second process loads compiled kernels instead of
 compiling them, and gets the same results (checked against NumPy float64 references, never
 against our own output); a change to the kernel, a field's shape or a line number misses; a
 damaged entry or an unusable folder means a recompile, never an error; offline_cache=False
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import wgpu_ad as ti
-from wgpu_ad.lang import cache
+from wgpu_ad.compiler import cache
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 240
@@ -31,7 +31,7 @@ SCRIPT = '''\
 import json
 import numpy as np
 import wgpu_ad as ti
-from wgpu_ad.lang import cache
+from wgpu_ad.compiler import cache
 
 ti.init()
 N = {n}
@@ -340,8 +340,8 @@ def test_debug_mode_index_error_names_the_moved_line(tmp_path):
 
 def test_the_key_does_not_depend_on_statement_numbering(tmp_path):
     from wgpu_ad.frontend.kernel import lower_kernel
-    rt = SimpleNamespace(debug=False, has_float_atomics=False, has_subgroups=False, min_parallel=None,
-                         grid_cap=256, offline_cache_file_path=str(tmp_path))
+    from wgpu_ad.compiler import CompileOptions
+    opts = CompileOptions(grid_cap=256, offline_cache_file_path=str(tmp_path))
     x = ti.field(ti.f32, shape=(4, 5))
 
     def kernel_with(c):
@@ -351,7 +351,7 @@ def test_the_key_does_not_depend_on_statement_numbering(tmp_path):
         return k
 
     def key(fn):
-        return cache.forward_slot(lower_kernel(fn, "k", [], None, debug=False), rt).key
+        return cache.forward_slot(lower_kernel(fn, "k", [], None, debug=False)[0], opts).key
 
     k1 = kernel_with(2.0)
     first = key(k1)

@@ -21,7 +21,7 @@ def _run(term, model, fields, symmetric, m=N, args=()):
     """Build `for i, j in ti.ndrange(N, m): loss += term(i, j, *fields)` with the split forced,
     run it through a tape and check the loss, every gradient and the shape of the adjoint."""
     ti.init()
-    ti.get_runtime().min_parallel = 1
+    ti.set_compile_options(min_parallel=1)
     rng = np.random.default_rng(21)
     arrays = [rng.uniform(0.2, 1.0, shape).astype(np.float32) for shape in fields]
     fs = [ti.field(ti.f32, shape=shape, needs_grad=True) for shape in fields]
@@ -65,7 +65,7 @@ def test_gravity_energy_of_vectors():
         return -1.0 / r.norm(1e-3)
 
     ti.init()
-    ti.get_runtime().min_parallel = 1
+    ti.set_compile_options(min_parallel=1)
     x = ti.Vector.field(3, ti.f32, shape=N, needs_grad=True)
     loss = ti.field(ti.f32, shape=(), needs_grad=True)
     pos = np.random.default_rng(4).random((N, 3)).astype(np.float32)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 def _init(min_parallel):
     ti.init()
-    ti.get_runtime().min_parallel = min_parallel
+    ti.set_compile_options(min_parallel=min_parallel)
 
 
 @pytest.mark.parametrize("min_parallel", [None, 1])

@@ -17,7 +17,7 @@ SPLITS = [None, 1, 30]
 
 def _init(min_parallel):
     ti.init()
-    ti.get_runtime().min_parallel = min_parallel
+    ti.set_compile_options(min_parallel=min_parallel)
 
 
 @pytest.mark.parametrize("min_parallel", SPLITS)
@@ -100,7 +100,7 @@ def test_pair_energy_gradient_through_a_split_loop(min_parallel, debug):
     x[j] are left out; each thread writes its own elements of x.grad once, with no atomic. Debug
     mode verifies the IR after every pass and checks every index."""
     ti.init(debug=debug)
-    ti.get_runtime().min_parallel = min_parallel
+    ti.set_compile_options(min_parallel=min_parallel)
     N = 24
     x = ti.Vector.field(2, ti.f32, shape=N, needs_grad=True)
     U = ti.field(ti.f32, shape=(), needs_grad=True)

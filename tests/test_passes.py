@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
+from wgpu_ad import plan
 from wgpu_ad.ir.builder import Builder
 from wgpu_ad.ir.interpreter import run_kernel
 from wgpu_ad.ir.nodes import ArgSlot, Block, Buffer, Kernel, Stmt, Task, walk
@@ -323,7 +324,7 @@ def test_cse_global_loads_are_killed_by_stores_to_the_same_buffer():
 
 
 def test_cse_ndarray_arguments_may_alias():
-    a, c = buf("a", f32, ("arg", "a")), buf("c", f32, ("arg_grad", "c"))
+    a, c = buf("a", f32, plan.Arg(0)), buf("c", f32, plan.ArgGrad(1))
     k, b = serial_kernel(a, c)
     i0 = b.const(0, i32)
     l1 = load(b, a, i0)

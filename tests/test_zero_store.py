@@ -196,7 +196,7 @@ def test_an_ndarray_passed_twice_accumulates():
 @pytest.mark.parametrize("min_parallel", [None, 1])
 def test_ndrange_gradient_with_and_without_the_loop_split(min_parallel):
     ti.init()
-    ti.get_runtime().min_parallel = min_parallel
+    ti.set_compile_options(min_parallel=min_parallel)
     x = ti.field(ti.f32, shape=(12, 9), needs_grad=True)
     loss = ti.field(ti.f32, shape=(), needs_grad=True)
 

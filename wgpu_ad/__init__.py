@@ -4,6 +4,7 @@
 """
 from . import ad
 from .ad import Tape, clear_all_gradients, grad_for, grad_replaced, no_grad
+from .compiler import CompileOptions, current_options as compile_options, set_options as set_compile_options
 from .errors import (CompileError, GpuError, KernelArgError, KernelRuntimeError, UnsupportedError,
                      WgpuAdError)
 from .frontend.builtins import (abs, acos, asin, atan, atan2, atomic_add, atomic_and, atomic_max,
@@ -26,18 +27,20 @@ from .types import f16, f32, float16, float32, i32, int32, u32, uint32
 def init(arch=None, debug: bool = False, **kwargs):
     """Choose the adapter and create the device (Taichi's ti.init). Calling it again resets."""
     from . import runtime
+    from .compiler import options
     from .lang.kernel import clear_kernel_caches
     clear_kernel_caches()
-    print_ir = kwargs.pop("print_ir", False)
-    print_wgsl = kwargs.pop("print_wgsl", False)
+    compile_opts = {"print_ir": bool(kwargs.pop("print_ir", False)),
+                    "print_wgsl": bool(kwargs.pop("print_wgsl", False)),
+                    "offline_cache": bool(kwargs.pop("offline_cache", True)),
+                    "offline_cache_file_path": kwargs.pop("offline_cache_file_path", None)}
     ad_stack_size = kwargs.pop("ad_stack_size", None)
-    if ad_stack_size is not None and not (isinstance(ad_stack_size, int) and ad_stack_size >= 1):
-        raise WgpuAdError(f"ti.init(ad_stack_size={ad_stack_size!r}): expected a positive integer")
-    offline_cache = kwargs.pop("offline_cache", True)
-    offline_cache_file_path = kwargs.pop("offline_cache_file_path", None)
+    if ad_stack_size is not None:
+        if not (isinstance(ad_stack_size, int) and ad_stack_size >= 1):
+            raise WgpuAdError(f"ti.init(ad_stack_size={ad_stack_size!r}): expected a positive integer")
+        compile_opts["ad_stack_size"] = ad_stack_size
     rt = runtime.init(arch=arch, debug=debug, **kwargs)
-    rt.print_ir, rt.print_wgsl, rt.ad_stack_size = print_ir, print_wgsl, ad_stack_size
-    rt.offline_cache, rt.offline_cache_file_path = bool(offline_cache), offline_cache_file_path
+    options.set_options(**compile_opts)
     return rt
 
 
@@ -46,7 +49,7 @@ def reset():
     from . import runtime
     from .lang.kernel import clear_kernel_caches
     clear_kernel_caches()
-    runtime.reset()
+    runtime.reset()  # forgets the compile options too (compiler/options.py)
 
 
 __version__ = "0.1.0"

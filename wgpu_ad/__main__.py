@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     if r["adapter_type"] == "CPU":
         print("parallel loops: multi-dimensional ones keep just enough leading dimensions parallel to fill "
               "the cores and loop over the rest in each thread; at most 256 workgroups per launch")
-    from .lang.cache import directory
-    folder = directory(None)
+    from .compiler.cache import directory
+    from .compiler.options import CompileOptions
+    folder = directory(CompileOptions())
     print(f"offline cache: {folder if folder is not None else 'off (WGPU_AD_OFFLINE_CACHE)'}")
     others = [a for a in adapters if a is not chosen]
     if others:

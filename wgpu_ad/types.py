@@ -27,6 +27,9 @@ class DType:
     def __call__(self, value):  # ti.f32(1) in Python scope, like Taichi's dtype call
         return self.np.type(value)
 
+    def __reduce__(self):  # unpickles as the one instance of its name (the offline cache)
+        return _scalar_type, (self.name,)
+
 
 f32 = DType("f32", "f32", np.dtype(np.float32), True, True)
 f16 = DType("f16", "f16", np.dtype(np.float16), True, True, nbytes=2)
@@ -36,6 +39,10 @@ u1 = DType("u1", "bool", np.dtype(np.bool_), False, False)  # comparison results
 
 float32, int32, uint32, float16 = f32, i32, u32, f16
 SCALAR_TYPES = (f32, f16, i32, u32, u1)
+
+
+def _scalar_type(name: str) -> DType:
+    return next(t for t in SCALAR_TYPES if t.name == name)
 
 
 def to_dtype(t) -> DType:

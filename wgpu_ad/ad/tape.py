@@ -53,18 +53,18 @@ def _accesses(kernel, args) -> tuple[list, list] | None:
 
 @dataclass
 class _Held:
-    """A forward launch held back by the tape (Tape.hold), with everything launch() needs."""
+    """A forward launch the tape deferred (Tape.defer), with everything launch() needs."""
 
     entry: "TapeEntry"
     kernel: Any
-    compiled: Any
-    specs: list
+    launcher: Any       # lang.launch.Launcher
     args: tuple
     rt: Any
+    handle: Any = None  # runtime.device.Deferred
 
     def launch(self) -> None:
         from ..lang.launch import launch
-        launch(self.kernel, self.compiled, self.specs, self.args, self.rt)
+        launch(self.launcher, self.args, self.rt)
 
 
 @dataclass
@@ -230,23 +230,22 @@ class Tape:
                     entry = self.entries[-1] if self._custom is None else None
                     self._validator.before_launch(entry, acc)
 
-    def hold(self, kernel, compiled, specs, args: tuple, rt) -> bool:
-        """Called by the launcher right after record(): hold back this launch (True) when it may
-        end up as the tape's last one and run fused with its adjoint. The runtime launches it as
-        usual before anything else reaches the device (Runtime.hold), so nothing can observe the
+    def defer(self, kernel, launcher, args: tuple, rt) -> bool:
+        """Called by the launcher right after record(): defer this launch (True) when it may end
+        up as the tape's last one and run fused with its adjoint. The runtime launches it as usual
+        before anything else reaches the device (Runtime.defer), so nothing can observe the
         difference; only launches of plain kernels of a tape with a loss and no checks qualify."""
+        from ..compiler.options import current
         if (self.loss is None or not self.recording or state.in_backward or self._custom is not None
-                or self._snapshot is not None or self._validator is not None or not rt.fuse_adjoint
+                or self._snapshot is not None or self._validator is not None or not current().fuse_adjoint
                 or not self.entries or self.entries[-1].fn is not kernel or self.entries[-1].kind != "kernel"
-                or compiled.ck.ret_dtype is not None or compiled.has_asserts or compiled.ir.uses_random):
+                or not launcher.may_fuse):
             return False
-        rt.release()  # the launch held before this one runs first
-        # what the launch asks for now (allocation, Storage.all_zero), and its argument errors
-        buffers = [resolve(args) for resolve in compiled.resolvers]
-        if compiled.alias_check is not None:
-            compiled.alias_check(buffers)
-        self._held = _Held(self.entries[-1], kernel, compiled, specs, tuple(args), rt)
-        rt.hold(self._run_held)
+        rt.run_deferred()  # the launch deferred before this one runs first
+        launcher.prepare(args)  # what the launch asks for now (allocation, Storage.all_zero), its errors
+        held = _Held(self.entries[-1], kernel, launcher, tuple(args), rt)
+        held.handle = rt.defer(self._run_held)
+        self._held = held
         return True
 
     def _run_held(self) -> None:
@@ -256,9 +255,10 @@ class Tape:
             held.launch()
 
     def _release(self) -> None:
-        """Launch the held launch now (ti.reset() has dropped it from the runtime: then nothing)."""
-        if self._held is not None:
-            self._held.rt.release()  # the runtime holds at most this tape's launch
+        """Launch the deferred launch now (unless ti.reset() has dropped it)."""
+        held = self._held
+        if held is not None:
+            held.handle.run()
         self._held = None
 
     def insert(self, func: Callable, args: tuple) -> None:
@@ -312,7 +312,7 @@ class Tape:
             self._release()  # the forward pass completes whatever the backward pass does
             raise
         held, self._held = self._held, None
-        if held is not None and held.rt.unhold() is None:
+        if held is not None and not held.handle.cancel():
             held = None  # dropped by ti.reset()
         # else the backward pass launches it, fused with its adjoint if it can
         if self.loss is not None:

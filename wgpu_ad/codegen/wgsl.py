@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from .. import plan
 from ..errors import CompileError
-from ..ir.nodes import Block, Buffer, Kernel, Stmt, Task, walk, walk_task
+from ..ir.nodes import ArgSlot, Block, Buffer, Kernel, Stmt, Task, walk, walk_task
 from ..ir.ops import AtomicKind, Op
 from ..ir.utils import jumps_to_loop
 from ..runtime.compiled import ERROR_WORDS, BindingSpec, CompiledKernel, CompiledTask
@@ -19,8 +20,10 @@ from ..types import DType, f16, f32, i32, u1, u32
 from . import shaders
 from .names import Namer, identifiers
 from .ops_table import ALU, MATH_HELPERS, convert, literal, spell, zero
+from .plan import stack_words, task_plan, words_of
 
 INDENT = "    "
+DEFAULT_GRID_CAP = 65535  # WebGPU's minimum of max-compute-workgroups-per-dimension
 ATOMIC_FN = {AtomicKind.ADD: "atomicAdd", AtomicKind.SUB: "atomicSub", AtomicKind.MIN: "atomicMin",
              AtomicKind.MAX: "atomicMax", AtomicKind.AND: "atomicAnd", AtomicKind.OR: "atomicOr",
              AtomicKind.XOR: "atomicXor"}
@@ -99,8 +102,8 @@ class TaskEmitter:
         self.uses: dict[int, BufferUse] = {}
         self.uses_args = self.uses_random = self.has_return = self.has_assert = self.uses_f16 = False
         self.stacks: list[Stmt] = []   # autodiff stacks, declared once at the top of main
-        self.stack_offset: dict[int, int] = {}
-        self.stack_words = 0           # scratch words per thread for the stacks
+        self.stack_offset: dict[int, str] = {}
+        self.stack_caps: list = []     # per stack: its capacity (int, or the ArgSlot read at launch)
         self.one_pass = False          # a range task without a grid-stride loop (main())
         self.wg_sums: list[Stmt] = []  # workgroup sums of the epilogue (shared memory arrays)
         self._scan()
@@ -312,8 +315,7 @@ class TaskEmitter:
             self.line(d, f"{self.value[id(s)]}_top = 0i;")
         elif op is Op.STACK_PUSH:
             stk = self.value[id(s.args[0])]
-            cap = s.args[0].attr
-            self.line(d, f"if {stk}_top >= {cap}i {{")
+            self.line(d, f"if {stk}_top >= {self.stack_capacity(s.args[0])} {{")
             self.line(d + 1, f"report_error({self.assert_codes[id(s)]}u);")
             self.line(d + 1, "return;  // this thread stops; the launcher raises the error")
             self.line(d, "}")
@@ -345,20 +347,33 @@ class TaskEmitter:
         thread (private arrays would make some drivers' shader compile time grow with their size)."""
         if not self.stacks:
             return
-        offset = 0
+        const, dynamic = 0, []  # the offset of the next stack in a thread's slice
+
+        def total() -> str:
+            return " + ".join(([f"{const}u"] if const or not dynamic else []) + dynamic)
         for stk in self.stacks:
             name = self.names.fresh(stk.name or "stack")
             self.value[id(stk)] = name
-            self.stack_offset[id(stk)] = offset
-            offset += int(stk.attr)
+            self.stack_offset[id(stk)] = total()
+            if isinstance(stk.attr, ArgSlot):  # sized per launch (a word of the uniform block)
+                dynamic.append(f"u32({self.arg_expr(stk.attr)})")
+                self.uses_args = True
+            else:
+                const += int(stk.attr)
             self.line(1, f"var {name}_top: i32 = 0i;")
-        self.stack_words = offset
+        self.stack_caps = [stk.attr for stk in self.stacks]
         slot = "0u" if self.serial else "thread_id"
-        self.line(1, f"let stack_base = {slot} * {offset}u;")
+        self.line(1, f"let stack_base = {slot} * ({total()});" if len(dynamic) + bool(const) > 1
+                  else f"let stack_base = {slot} * {total()};")
+
+    def stack_capacity(self, stk: Stmt) -> str:
+        cap = stk.attr
+        return self.arg_expr(cap) if isinstance(cap, ArgSlot) else f"{int(cap)}i"
 
     def stack_slot(self, stk: Stmt) -> str:
         name = self.value[id(stk)]
-        return f"{STACK_VAR}[stack_base + {self.stack_offset[id(stk)]}u + u32({name}_top)]"
+        off = self.stack_offset[id(stk)]
+        return f"{STACK_VAR}[stack_base + {'' if off == '0u' else off + ' + '}u32({name}_top)]"
 
     def range_for(self, s: Stmt, d: int) -> None:
         hint = s.name or next((x.name for x in walk(s.blocks[0])
@@ -479,7 +494,7 @@ class TaskEmitter:
         # it, capped at grid_cap workgroups; stacks can shrink the grid) needs no grid-stride
         # loop: on llvmpipe that loop costs a third of a stencil kernel's time
         lo, hi = t.begin, t.end
-        self.one_pass = (self.opts.grid_cap is not None and not self.stack_words and lo.op is Op.CONST
+        self.one_pass = (self.opts.grid_cap is not None and not self.stacks and lo.op is Op.CONST
                          and hi.op is Op.CONST and int(hi.attr) - int(lo.attr) <= self.opts.grid_cap * wg
                          and not jumps_to_loop(t.body, Op.CONTINUE))
         if self.one_pass:
@@ -504,7 +519,7 @@ class TaskEmitter:
         return self.lines
 
     def seed_expr(self) -> str:
-        seed = next((a for a in self.kernel.args if a.name == "_seed"), None)
+        seed = next((a for a in self.kernel.args if isinstance(a.role, plan.Seed)), None)
         if seed is None:
             raise CompileError(f"kernel {self.kernel.name!r} uses random numbers but has no '_seed' argument slot")
         return f"{ARGS_VAR}.{self.arg_member[id(seed)]}"
@@ -661,17 +676,19 @@ def generate(kernel: Kernel, *, float_atomics: bool, debug: bool,
     ranges it always covers get one iteration per thread instead of a grid-stride loop.
     """
     opts = Options(float_atomics, debug, workgroup_size, subgroups, grid_cap)
+    stack_words(kernel)  # stacks sized at launch read their capacity from the uniform block
     codes, table = _assert_codes(kernel, debug)
-    tasks = []
+    tasks, plans = [], []
     for k, task in enumerate(kernel.tasks):
         em = TaskEmitter(kernel, task, k, opts, codes)
         wgsl, bindings = em.module()
         tasks.append(CompiledTask(name=task.name or f"{kernel.name}_t{k}", wgsl=wgsl, entry_point="main",
-                                  workgroup_size=em.wg, bindings=bindings, serial=em.serial,
-                                  stack_words=em.stack_words, one_pass=em.one_pass))
-    return CompiledKernel(name=kernel.name, tasks=tasks, arg_words=arg_words(kernel),
-                          buffer_sources=[b.source for b in kernel.buffers], ret_dtype=kernel.ret,
-                          asserts=table)
+                                  workgroup_size=em.wg, bindings=bindings, serial=em.serial))
+        plans.append(task_plan(task, em.serial, em.wg, em.stack_caps, em.one_pass))
+    launch_plan = plan.LaunchPlan(words=words_of(kernel), buffers=tuple(b.source for b in kernel.buffers),
+                                  tasks=tuple(plans), grid_cap=grid_cap or DEFAULT_GRID_CAP)
+    return CompiledKernel(name=kernel.name, tasks=tasks, arg_words=arg_words(kernel), plan=launch_plan,
+                          ret_dtype=kernel.ret, asserts=table)
 
 
 def format_wgsl(kernel: Kernel | CompiledKernel, *, float_atomics: bool = False, debug: bool = False,

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import plan
 from ..errors import CompileError
 from ..ir.builder import Builder
 from ..ir.nodes import ArgSlot, Block, Buffer, Kernel, Stmt, Task, walk
@@ -63,6 +64,7 @@ class KernelContext:
         self.builder = Builder()
         self.ops = Ops(self.builder)
         self.buffers: dict[int, Buffer] = {}
+        self.storages: list = []   # the live fields the kernel names: plan.Field(k) is storages[k]
         self.kernel = Kernel(name, [], loc=pf.loc(pf.tree))
         self.call_stack: list = []
         self.uses_random = False
@@ -76,14 +78,15 @@ class KernelContext:
         buf = self.buffers.get(id(obj))
         if buf is None:
             name = obj.name or f"field{len(self.buffers)}"
-            buf = Buffer(name, obj.dtype, obj, grad=bool(getattr(obj, "is_grad", False)),
+            self.storages.append(obj)
+            buf = Buffer(name, obj.dtype, plan.Field(len(self.storages) - 1), grad=bool(getattr(obj, "is_grad", False)),
                          vector=int(getattr(obj, "element_size", 1)))
             self.buffers[id(obj)] = buf
             self.kernel.buffers.append(buf)
         return buf
 
-    def arg_slot(self, name: str, dtype: DType) -> ArgSlot:
-        a = ArgSlot(name, dtype, len(self.kernel.args))
+    def arg_slot(self, name: str, dtype: DType, role) -> ArgSlot:
+        a = ArgSlot(name, dtype, len(self.kernel.args), role)
         self.kernel.args.append(a)
         return a
 
@@ -142,8 +145,9 @@ def _loop_is_static(fl: FuncLowerer, node: ast.For) -> bool:
 
 
 def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
-                 min_parallel: int | None = None) -> Kernel:
-    """Python kernel -> IR. `min_parallel`: when set, a multi-dimensional parallel loop with
+                 min_parallel: int | None = None) -> tuple[Kernel, list]:
+    """Python kernel -> (IR, storage table: the fields it names, plan.Field(k) being the k-th).
+    `min_parallel`: when set, a multi-dimensional parallel loop with
     constant extents runs its leading dimensions in parallel (as few as give at least this many
     threads) and the rest as serial loops inside each thread (see _parallel_prefix)."""
     pf = ParsedFunc.parse(fn)
@@ -153,22 +157,21 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
     k.kernel.ret = ret_dtype
     # argument slots and buffers, shared by all tasks
     slots: dict[str, Any] = {}
-    for s in specs:
+    for pos, s in enumerate(specs):
         if s.kind == "scalar":
-            slots[s.name] = k.arg_slot(s.name, s.dtype)
+            slots[s.name] = k.arg_slot(s.name, s.dtype, plan.Scalar(pos, s.dtype.name))
         elif s.kind == "vector":
-            n = 1
-            for d in s.shape:
-                n *= d
-            slots[s.name] = [k.arg_slot(f"{s.name}_{c}", s.dtype) for c in range(n)]
+            n = math.prod(s.shape)
+            slots[s.name] = [k.arg_slot(f"{s.name}_{c}", s.dtype, plan.Component(pos, c, n, s.dtype.name))
+                             for c in range(n)]
         elif s.kind == "ndarray":
             per = math.prod(s.shape)  # scalars per element
-            buf = Buffer(s.name, s.dtype, ("arg", s.name), vector=per)
-            gbuf = Buffer(s.name + ".grad", s.dtype, ("arg_grad", s.name), grad=True, vector=per) if s.needs_grad else None
+            buf = Buffer(s.name, s.dtype, plan.Arg(pos), vector=per)
+            gbuf = Buffer(s.name + ".grad", s.dtype, plan.ArgGrad(pos), grad=True, vector=per) if s.needs_grad else None
             k.kernel.buffers.append(buf)
             if gbuf is not None:
                 k.kernel.buffers.append(gbuf)
-            dims = [k.arg_slot(f"{s.name}_shape{d}", i32) for d in range(s.ndim)]
+            dims = [k.arg_slot(f"{s.name}_shape{d}", i32, plan.Extent(pos, d)) for d in range(s.ndim)]
             slots[s.name] = (buf, gbuf, dims)
 
     def task_env(extra: dict) -> dict:
@@ -266,10 +269,10 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
     kern.tasks = tasks
     if any(s.op is Op.RANDOM for t in tasks for s in walk(t.body)) or any(
             s.op is Op.RANDOM for t in tasks for s in walk(t.bounds)):
-        k.arg_slot("_seed", u32)
+        k.arg_slot("_seed", u32, plan.Seed())
         kern.uses_random = True
     kern.debug = debug
-    return kern
+    return kern, k.storages
 
 
 def _with_env(fl: FuncLowerer, env: dict, f):

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .. import plan
 from ..errors import KernelArgError, KernelRuntimeError
 from .nodes import ArgSlot, Block, Kernel, Stmt, Task
 from .ops import AtomicKind, GroupOp, Op
@@ -30,7 +31,6 @@ ATOMIC_OPS: dict[AtomicKind, Op] = {
     AtomicKind.XOR: Op.BIT_XOR,
 }
 
-SEED_ARG = "_seed"
 
 
 class _Return(Exception):
@@ -44,7 +44,7 @@ def run_kernel(kernel: Kernel, buffers: Sequence[np.ndarray], args: Sequence[Any
 
     `buffers` is aligned with kernel.buffers: flat 1-D arrays of each buffer's dtype, mutated in
     place like GPU storage. `args` is aligned with kernel.args (Python numbers, converted to each
-    slot's dtype); the "_seed" slot of a kernel using RANDOM may be left out, it then gets `seed`.
+    slot's dtype); the seed slot (role plan.Seed) of a kernel using RANDOM may be left out, it then gets `seed`.
     RANDOM draws from a NumPy generator seeded with `seed` (not the GPU's stream).
     Tasks run in order; a RETURN ends its task and sets the result (later tasks still run).
     """
@@ -78,13 +78,13 @@ def _check_buffers(kernel: Kernel, buffers: Sequence[np.ndarray]) -> None:
 def _convert_args(kernel: Kernel, args: Sequence[Any], seed: int) -> dict[int, Any]:
     slots, args = list(kernel.args), list(args)
     if len(args) != len(slots):
-        has_seed = any(s.name == SEED_ARG for s in slots)
+        has_seed = any(isinstance(s.role, plan.Seed) for s in slots)
         if not (has_seed and len(args) == len(slots) - 1):
             names = ", ".join(s.name for s in slots)
             raise KernelArgError(f"kernel {kernel.name} takes {len(slots)} arguments ({names}), "
                                  f"got {len(args)}")
         given = iter(args)
-        args = [seed & 0xFFFFFFFF if s.name == SEED_ARG else next(given) for s in slots]
+        args = [seed & 0xFFFFFFFF if isinstance(s.role, plan.Seed) else next(given) for s in slots]
     return {id(slot): _convert_arg(kernel, slot, value) for slot, value in zip(slots, args)}
 
 

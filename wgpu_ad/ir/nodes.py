@@ -48,8 +48,10 @@ class Block:
 class Buffer:
     """A global array a kernel reads or writes: a field's storage, its gradient, or an ndarray.
 
-    `source` is what the launcher binds: a field/ndarray object (fixed at compile time), or
-    ("arg", i) for the i-th ndarray argument of the kernel. `grad` marks gradient storage.
+    `source` is what the launcher binds, a plan.Source record: plan.Field(k) (entry k of the
+    kernel's storage table, which the frontend returns beside the IR), plan.FieldGrad(k),
+    plan.Arg(i) / plan.ArgGrad(i) (the i-th argument, an ndarray, or its gradient). The IR holds
+    no live objects. `grad` marks gradient storage.
     `vector`: scalars per element (a vector or matrix field's, an ndarray's): the buffer holds a
     whole number of them, so the code generator may read it as an array of vectors.
     """
@@ -66,14 +68,28 @@ class Buffer:
 
 @dataclass(eq=False)
 class ArgSlot:
-    """A 4-byte scalar of the launch's uniform block: a kernel argument or an ndarray extent."""
+    """A 4-byte scalar of the launch's uniform block: a kernel argument, a component of one, an
+    ndarray extent, the random seed. `role` (a plan.Word) says which; `name` is only a hint for
+    readable WGSL and IR."""
 
     name: str
     dtype: DType
     index: int  # position in the uniform block
+    role: Any = None
 
     def __repr__(self) -> str:
         return f"${self.name}"
+
+
+@dataclass
+class LaunchCapacity:
+    """A STACK_ALLOC's capacity known only at launch: the trip count of the loop [begin, end)
+    when it depends on nothing but constants and arguments, else `default`
+    (ti.init(ad_stack_size=...)). Code generation makes it a word of the uniform block."""
+
+    begin: Stmt | None
+    end: Stmt | None
+    default: int
 
 
 @dataclass(eq=False)
@@ -109,12 +125,6 @@ class Kernel:
     # reused by a later statement once the tagged one is dropped by a pass. Clones keep the keys
     # (their multi-indices name the original statements too, see ir/clone.py)
     loop_dims: dict = field(default_factory=dict)
-    # adjoints: (position in buffers, gradient Buffer) of the zero-store candidates, whose one
-    # accumulation can be a plain store while the gradient is all zeros (passes/autodiff/demote.py)
-    zero_stores: list = field(default_factory=list)
-    # a forward kernel fused with its adjoint (passes/autodiff/fuse.py): the buffers each part of
-    # the fused task reads and writes, which the launcher checks are disjoint storages
-    fused: Any = None
 
 
 def walk(block: Block) -> Iterator[Stmt]:

@@ -5,6 +5,7 @@ from typing import Iterator
 
 import numpy as np
 
+from .. import plan
 from .nodes import Block, Buffer, Kernel, Stmt, walk
 from .ops import GroupOp, Op
 from .semantics import to_scalar
@@ -129,15 +130,15 @@ def const_key(s: Stmt) -> object:
 def buffer_alias_key(buf: Buffer) -> object:
     """Buffers with equal keys may share storage.
 
-    Fields own one buffer each (gradients are fields of their own), so distinct field objects
-    never alias. Buffers bound from kernel arguments (sources ("arg", name), ("arg_grad", name))
-    may all alias each other: the same array can be passed for two arguments."""
+    Fields own one buffer each (gradients are fields of their own), so distinct field sources
+    never alias. Buffers bound from kernel arguments (plan.Arg, plan.ArgGrad) may all alias each
+    other: the same array can be passed for two arguments."""
     src = buf.source
-    if isinstance(src, tuple) and src and isinstance(src[0], str) and src[0].startswith("arg"):
+    if isinstance(src, (plan.Arg, plan.ArgGrad)):
         return "arg"
     if src is None:
         return ("buf", id(buf))
-    return ("src", id(src))
+    return ("src", src)
 
 
 def writes_in(block: Block) -> set:

@@ -1,198 +1,207 @@
 """The per-launch path of a compiled kernel: pack arguments, size dispatches, record launches.
 
-Everything that can be decided at compile time is decided in the make_* functions, so a launch
-is a few list operations and one struct.pack.
+Everything comes from the kernel's launch plan (wgpu_ad/plan.py): what each uniform word holds,
+where each buffer comes from, how many threads each task needs. Launcher() turns a plan into
+closures once per compiled kernel, so a launch is a few list operations and one struct.pack.
 """
 from __future__ import annotations
 
 import struct
 from typing import Callable
 
+import numpy as np
+
+from .. import plan
 from ..errors import GpuError, KernelArgError
-from ..ir.nodes import Kernel, Stmt, Task
-from ..ir.ops import GroupOp, Op
-from ..ir.semantics import evaluate, to_python, to_scalar
+from ..types import to_dtype
 
 _FMT = {"f32": "f", "i32": "i", "u32": "I"}
 DYNAMIC_WORKGROUPS = 1024  # range bounds read from fields: grid-stride over this many workgroups
 
 
-def make_packer(kern: Kernel, specs) -> Callable:
-    """(call args, runtime) -> uniform bytes, in the order of kern.args."""
-    fmt = "<" + "".join(_FMT[a.dtype.name] for a in kern.args)
-    st = struct.Struct(fmt)
-    getters = []
-    by_name = {s.name: (k, s) for k, s in enumerate(specs)}
-    for a in kern.args:
-        getters.append(_getter(a, by_name))
-    if not kern.args:
-        empty = lambda args, rt: b""
-        empty.unpack = lambda data: ()
-        return empty
+def storage_getter(src: plan.Source, storages: list) -> Callable:
+    """call args -> the field / ndarray (or its gradient) a buffer source names."""
+    if isinstance(src, plan.Field):
+        obj = storages[src.index]
+        return lambda args: obj
+    if isinstance(src, plan.FieldGrad):
+        obj = storages[src.index]
+        return lambda args: obj.grad
+    if isinstance(src, plan.Arg):
+        k = src.arg
+        return lambda args: args[k]
+    if isinstance(src, plan.ArgGrad):
+        k = src.arg
+        return lambda args: args[k].grad
+    raise AssertionError(f"unknown buffer source {src!r} (compiler bug)")
+
+
+class Launcher:
+    """A compiled kernel made ready to launch: its plan turned into closures."""
+
+    def __init__(self, compiled, specs: list):
+        self.compiled = compiled
+        self.ck = ck = compiled.ck
+        self.plan = p = ck.plan
+        self.specs = specs
+        self.pack = _packer(ck.name, p.words, specs)
+        self.bounds = [_bounds(t) for t in p.tasks]
+        self.storage = [storage_getter(src, compiled.storages) for src in p.buffers]
+        bound = {b.key for t in ck.tasks for b in t.bindings if b.kind == "buffer"}
+        # a buffer no task binds (an ndarray's gradient in a forward kernel) is neither allocated
+        # nor marked as written
+        self.resolvers = [(lambda args, get=get: get(args).gpu_buffer()) if n in bound else (lambda args: None)
+                          for n, get in enumerate(self.storage)]
+        self.has_asserts = bool(ck.asserts)
+        self.alias_check = _alias_check(ck, specs)
+        self.zero_check = _zero_check(p, self.storage) if p.zero_stores else None
+        self.fuse_check = _fuse_check(p, self.storage) if p.fused is not None else None
+
+    @property
+    def ir(self):
+        return self.compiled.ir
+
+    @property
+    def may_fuse(self) -> bool:
+        """Whether a tape may defer this launch to fuse it with its adjoint: no return value, no
+        asserts to report, no random numbers (the fused replay would draw others)."""
+        return self.ck.ret_dtype is None and not self.has_asserts and not self.plan.uses_random
+
+    def prepare(self, args) -> list:
+        """The buffers of a launch with these arguments (allocating them, and marking them as
+        written: Storage.all_zero), after the argument checks that need them."""
+        buffers = [r(args) for r in self.resolvers]
+        if self.alias_check is not None:
+            self.alias_check(buffers)
+        return buffers
+
+    def word_values(self, args) -> tuple:
+        """The values of the uniform words for these arguments (a seed word reads as 0)."""
+        return self.pack.unpack(self.pack(args, _NoSeed()))
+
+    def accessed(self, args) -> tuple[list, list]:
+        """(storages read, storages written) by a launch with these arguments."""
+        reads, writes = {}, {}
+        for acc in self.plan.accesses:
+            obj = storage_getter(acc.source, self.compiled.storages)(args)
+            (reads if acc.kind == "load" else writes)[id(obj)] = obj
+        return list(reads.values()), list(writes.values())
+
+    def footprint(self, args) -> list[tuple]:
+        """(storage, kind, index) per access; index: per dimension an int where every thread
+        uses the same index (computed from these arguments), else None."""
+        vals = self.word_values(args)
+        out = []
+        for acc in self.plan.accesses:
+            obj = storage_getter(acc.source, self.compiled.storages)(args)
+            idx = tuple(None if d is None else int(sum(c * (1 if w is None else vals[w]) for w, c in d))
+                        for d in acc.dims)
+            out.append((obj, acc.kind, idx))
+        return out
+
+
+class _NoSeed:
+    def next_seed(self) -> int:
+        return 0
+
+
+# ---- uniform words -------------------------------------------------------------------------------
+
+def _packer(kname: str, words: tuple, specs: list) -> Callable:
+    """(call args, runtime) -> the uniform block's bytes; .unpack(bytes) -> the word values."""
+    st = struct.Struct("<" + "".join(_FMT[plan.word_dtype(w)] for w in words))
+    getters = [_word_getter(kname, w, specs) for w in words]
+    derived = [(n, w) for n, w in enumerate(words) if isinstance(w, plan.StackCapacity)]
 
     def pack(args, rt):
+        vals = [g(args, rt) for g in getters]
+        for n, w in derived:
+            vals[n] = max(1, plan.evaluate(w.end, vals) - plan.evaluate(w.begin, vals))
         try:
-            return st.pack(*[g(args, rt) for g in getters])
+            return st.pack(*vals)
         except struct.error as e:
-            raise KernelArgError(_explain(kern, specs, args, e)) from None
+            raise KernelArgError(_explain(kname, specs, args, e)) from None
     pack.unpack = st.unpack
     return pack
 
 
-def _getter(a, by_name):
-    if a.name == "_seed":
+def _word_getter(kname: str, w, specs) -> Callable:
+    if isinstance(w, plan.Seed):
         return lambda args, rt: rt.next_seed()
-    if a.name in by_name:
-        k, s = by_name[a.name]
-        name, dt = a.name, a.dtype
-
-        def scalar(args, rt, k=k):
-            v = args[k]
-            if type(v) is int or type(v) is float and dt.is_float:
-                return v
-            if isinstance(v, (list, tuple)) or getattr(v, "shape", ()) != ():
-                raise KernelArgError(f"argument '{name}' must be a scalar {dt}, got {type(v).__name__}")
-            if dt.is_float:
-                return float(v)
-            if not float(v).is_integer():
-                raise KernelArgError(f"argument '{name}' must be an integer ({dt}), got {v!r}")
-            return int(v)
-        return scalar
-    base, _, tail = a.name.rpartition("_")
-    if tail.startswith("shape") and base in by_name:
-        k, _s = by_name[base]
-        d = int(tail[5:])
+    if isinstance(w, plan.StackCapacity):
+        return lambda args, rt: 0  # derived from the other words (_packer)
+    k = w.arg
+    name = specs[k].name
+    if isinstance(w, plan.Extent):
+        d = w.dim
         return lambda args, rt: args[k].shape[d]
-    if base in by_name:  # a component of a vector argument
-        k, s = by_name[base]
-        c = int(tail)
-        conv = float if a.dtype.is_float else int
-        return lambda args, rt: conv(_flat(args[k], s)[c])
-    raise AssertionError(f"no value for uniform slot {a.name}")
+    dt = to_dtype(w.dtype)
+    if isinstance(w, plan.Component):
+        c, n = w.index, w.count
+        conv = float if dt.is_float else int
+        return lambda args, rt: conv(_flat(args[k], n, name)[c])
+
+    def scalar(args, rt):
+        v = args[k]
+        if type(v) is int or type(v) is float and dt.is_float:
+            return v
+        if isinstance(v, (list, tuple)) or getattr(v, "shape", ()) != ():
+            raise KernelArgError(f"kernel '{kname}': argument '{name}' must be a scalar {dt}, got {type(v).__name__}")
+        if dt.is_float:
+            return float(v)
+        if not float(v).is_integer():
+            raise KernelArgError(f"kernel '{kname}': argument '{name}' must be an integer ({dt}), got {v!r}")
+        return int(v)
+    return scalar
 
 
-def _flat(v, spec):
-    import numpy as np
+def _flat(v, n: int, name: str):
     arr = np.asarray(v, dtype=np.float64).reshape(-1)
-    n = int(np.prod(spec.shape))
     if arr.size != n:
-        raise KernelArgError(f"argument '{spec.name}' must have {n} components, got {arr.size}")
+        raise KernelArgError(f"argument '{name}' must have {n} components, got {arr.size}")
     return arr
 
 
-def _explain(kern, specs, args, e) -> str:
+def _explain(kname, specs, args, e) -> str:
     for s, v in zip(specs, args):
         if s.kind == "scalar":
             if not isinstance(v, (int, float, bool)) and not hasattr(v, "__float__"):
-                return f"kernel '{kern.name}': argument '{s.name}' must be a {s.dtype} number, got {type(v).__name__}"
+                return f"kernel '{kname}': argument '{s.name}' must be a {s.dtype} number, got {type(v).__name__}"
             if s.dtype.is_int and not float(v).is_integer():
-                return f"kernel '{kern.name}': argument '{s.name}' must be an integer ({s.dtype}), got {v!r}"
+                return f"kernel '{kname}': argument '{s.name}' must be an integer ({s.dtype}), got {v!r}"
             if s.dtype.name == "u32" and int(v) < 0:
-                return f"kernel '{kern.name}': argument '{s.name}' is u32 and cannot be negative, got {v!r}"
+                return f"kernel '{kname}': argument '{s.name}' is u32 and cannot be negative, got {v!r}"
             lim = 2 ** 31 if s.dtype.name == "i32" else 2 ** 32
             if s.dtype.is_int and not -lim <= int(v) < lim:
-                return f"kernel '{kern.name}': argument '{s.name}' = {v} does not fit in {s.dtype}"
-    return f"kernel '{kern.name}': bad arguments: {e}"
+                return f"kernel '{kname}': argument '{s.name}' = {v} does not fit in {s.dtype}"
+    return f"kernel '{kname}': bad arguments: {e}"
 
 
-def make_bounds(task: Task):
-    """A host-side function argvals -> number of threads for a range task, or None when the
-    bounds read fields (then the launch uses a fixed grid and the shader's grid-stride loop)."""
-    if task.kind != "range":
+# ---- grids -----------------------------------------------------------------------------------------
+
+def _bounds(t: plan.TaskPlan):
+    """word values -> the task's iterations, or None when they depend on fields (a fixed grid)."""
+    if t.serial:
         return lambda vals: 1
-    return make_count(task.begin, task.end)
-
-
-def make_count(begin: Stmt, end: Stmt):
-    """argvals -> max(0, end - begin) evaluated on the host, or None when the bounds depend on
-    anything but constants and kernel arguments."""
-    stmts = {}
-    ok = True
-
-    def collect(s: Stmt):
-        nonlocal ok
-        if s.id in stmts:
-            return
-        if s.op not in GroupOp.ALU and s.op not in (Op.CONST, Op.ARG):
-            ok = False
-            return
-        for a in s.args:
-            collect(a)
-        stmts[s.id] = s
-    collect(begin)
-    collect(end)
-    if not ok:
+    if t.range is None:
         return None
-    order = sorted(stmts.values(), key=lambda s: s.id)
-
-    def count(vals):
-        env = {}
-        for s in order:
-            if s.op is Op.CONST:
-                env[s.id] = to_scalar(s.attr, s.dtype)
-            elif s.op is Op.ARG:
-                env[s.id] = to_scalar(vals[s.attr.index], s.dtype)
-            else:
-                env[s.id] = evaluate(s.op, s.dtype, *[env[a.id] for a in s.args])
-        return max(0, to_python(env[end.id]) - to_python(env[begin.id]))
-    if all(s.op is not Op.ARG for s in order):
-        n = count(None)
+    begin, end = t.range
+    if not plan.uses_words(begin) and not plan.uses_words(end):
+        n = max(0, plan.evaluate(end, ()) - plan.evaluate(begin, ()))
         return lambda vals: n
-    return count
+    return lambda vals: max(0, plan.evaluate(end, vals) - plan.evaluate(begin, vals))
 
 
-def storage_getter(src, specs) -> Callable:
-    """call args -> the field / ndarray (or its gradient) that a buffer source names: the object
-    itself, or ("arg", name) / ("arg_grad", name) for an ndarray argument (or its gradient)."""
-    if not isinstance(src, tuple):
-        return lambda args: src
-    k = [s.name for s in specs].index(src[1])
-    if src[0] == "arg_grad":
-        return lambda args: args[k].grad
-    return lambda args: args[k]
+# ---- launch-time checks ------------------------------------------------------------------------------
 
-
-def make_resolvers(ck, specs) -> list[Callable]:
-    """Per kernel buffer: call args -> the wgpu buffer to bind (None for a buffer no task binds,
-    such as an ndarray argument's gradient in a forward kernel: it is neither allocated nor
-    marked as written)."""
-    bound = {b.key for t in ck.tasks for b in t.bindings if b.kind == "buffer"}
-    out = []
-    for n, src in enumerate(ck.buffer_sources):
-        if n not in bound:
-            out.append(lambda args: None)
-        else:
-            get = storage_getter(src, specs)
-            out.append(lambda args, get=get: get(args).gpu_buffer())
-    return out
-
-
-def make_zero_check(kern: Kernel, ck, specs) -> Callable | None:
-    """For an adjoint with zero-store candidates (passes/autodiff/demote.py): call args -> the
-    positions of those whose gradient is all zeros now (Storage.all_zero) and bound to no other
-    buffer of the launch (an ndarray passed twice); None when it has none. Called before the
-    launch asks for its buffers, which marks them as written."""
-    if not kern.zero_stores:
-        return None
-    candidates = [(pos, storage_getter(buf.source, specs)) for pos, buf in kern.zero_stores]
-    bound = [storage_getter(src, specs) for src in ck.buffer_sources]
-
-    def check(args) -> tuple:
-        zero = [(pos, st) for pos, st in ((pos, get(args)) for pos, get in candidates) if st.all_zero]
-        if not zero:
-            return ()
-        storages = [get(args) for get in bound]
-        return tuple(pos for pos, st in zero if sum(b is st for b in storages) == 1)
-    return check
-
-
-def make_alias_check(ck) -> Callable | None:
+def _alias_check(ck, specs) -> Callable | None:
     """(buffers of a launch) -> raise KernelArgError when one ndarray (or its gradient) passed as
     two arguments is read through one and written through the other in one task: WebGPU refuses
     a buffer bound both ways in one dispatch. None when no task binds two argument buffers so."""
+    srcs = ck.plan.buffers
     pairs = []
     for t in ck.tasks:
-        binds = [b for b in t.bindings if b.kind == "buffer" and isinstance(ck.buffer_sources[b.key], tuple)]
+        binds = [b for b in t.bindings if b.kind == "buffer" and isinstance(srcs[b.key], (plan.Arg, plan.ArgGrad))]
         pairs += [(a.key, b.key) for n, a in enumerate(binds) for b in binds[n + 1:] if a.read_only != b.read_only]
     if not pairs:
         return None
@@ -200,25 +209,38 @@ def make_alias_check(ck) -> Callable | None:
     def check(buffers) -> None:
         for a, b in pairs:
             if buffers[a] is buffers[b] and buffers[a] is not None:
-                (ka, na), (kb, nb) = ck.buffer_sources[a], ck.buffer_sources[b]
-                what = "the same ndarray" if ka == kb == "arg" else "ndarrays sharing a gradient"
+                sa, sb = srcs[a], srcs[b]
+                what = ("the same ndarray" if isinstance(sa, plan.Arg) and isinstance(sb, plan.Arg)
+                        else "ndarrays sharing a gradient")
                 raise KernelArgError(
-                    f"kernel '{ck.name}': arguments '{na}' and '{nb}' are {what}, read through one and written "
-                    f"through the other in one parallel loop, which WebGPU cannot bind in one dispatch (and "
-                    f"whose result would depend on the order of the threads); pass a copy as one of them")
+                    f"kernel '{ck.name}': arguments '{specs[sa.arg].name}' and '{specs[sb.arg].name}' are {what}, "
+                    f"read through one and written through the other in one parallel loop, which WebGPU cannot "
+                    f"bind in one dispatch (and whose result would depend on the order of the threads); pass a "
+                    f"copy as one of them")
     return check
 
 
-def make_fuse_check(kern: Kernel, specs) -> Callable | None:
+def _zero_check(p: plan.LaunchPlan, storage: list) -> Callable:
+    """For an adjoint with zero-store candidates (passes/autodiff/demote.py): call args -> the
+    positions of those whose gradient is all zeros now (Storage.all_zero) and bound to no other
+    buffer of the launch (an ndarray passed twice). Called before the launch asks for its
+    buffers, which marks them as written."""
+    candidates = [(pos, storage[pos]) for pos in p.zero_stores]
+
+    def check(args) -> tuple:
+        zero = [(pos, st) for pos, st in ((pos, get(args)) for pos, get in candidates) if st.all_zero]
+        if not zero:
+            return ()
+        storages = [get(args) for get in storage]
+        return tuple(pos for pos, st in zero if sum(b is st for b in storages) == 1)
+    return check
+
+
+def _fuse_check(p: plan.LaunchPlan, storage: list) -> Callable:
     """For a fused forward + adjoint kernel (passes/autodiff/fuse.py): call args -> whether its two
     parts may share one pass: the forward's writes are neither read nor written by anything else
-    in the task, and the adjoint writes none of the primal storages the task reads. None for
-    other kernels."""
-    f = kern.fused
-    if f is None:
-        return None
-    kinds = [[storage_getter(b.source, specs) for b in bufs]
-             for bufs in (f.primal_reads, f.grad_reads, f.fwd_writes, f.adj_writes)]
+    in the task, and the adjoint writes none of the primal storages the task reads."""
+    kinds = [[storage[pos] for pos in positions] for positions in p.fused]
 
     def check(args) -> bool:
         pr, gr, fw, aw = ({id(get(args)) for get in gets} for gets in kinds)
@@ -226,37 +248,40 @@ def make_fuse_check(kern: Kernel, specs) -> Callable | None:
     return check
 
 
-def launch(kobj, c, specs, args, rt):
-    ck = c.ck
-    packed = c.pack(args, rt)
-    buffers = [r(args) for r in c.resolvers]
-    if c.alias_check is not None:
-        c.alias_check(buffers)
+# ---- the launch ------------------------------------------------------------------------------------
+
+def launch(lc: Launcher, args, rt):
+    ck, p = lc.ck, lc.plan
+    packed = lc.pack(args, rt)
+    buffers = lc.prepare(args)
     vals = None
-    for ti, task in enumerate(ck.tasks):
-        if task.serial:
+    for ti, (task, tp) in enumerate(zip(ck.tasks, p.tasks)):
+        const, words = tp.stack
+        if words:
+            if vals is None:
+                vals = lc.pack.unpack(packed)
+            const += sum(vals[w] for w in words)
+        if tp.serial:
             wg = 1
         else:
-            bound = c.bounds[ti]
+            bound = lc.bounds[ti]
             if bound is None:
-                wg = min(DYNAMIC_WORKGROUPS, rt.grid_cap)
+                wg = min(DYNAMIC_WORKGROUPS, p.grid_cap)
             else:
                 if vals is None:
-                    vals = c.pack.unpack(packed)
+                    vals = lc.pack.unpack(packed)
                 n = bound(vals)
                 if n <= 0:
                     continue
-                wg = min(-(-n // task.workgroup_size), rt.grid_cap)
-            if task.stack_words:  # every thread needs its own stack slice: bound the grid
-                per_wg = task.stack_words * 4 * task.workgroup_size
+                wg = min(-(-n // tp.workgroup_size), p.grid_cap)
+            if const:  # every thread needs its own stack slice: bound the grid
+                per_wg = const * 4 * tp.workgroup_size
                 wg = max(1, min(wg, rt.max_scratch_bytes // per_wg))
-            if task.one_pass and (bound is None or wg * task.workgroup_size < n):
-                raise GpuError(f"kernel '{ck.name}': task {ti} runs one iteration per thread but its "
-                               f"launch does not cover its range: Runtime.grid_cap was lowered after "
-                               f"the kernel was compiled (set it before the first launch, or call "
-                               f"ti.reset()); otherwise a compiler bug")
-        rt.launch(ck, ti, buffers, packed, wg)
-    if c.has_asserts:  # debug-mode asserts, or autodiff stack overflow checks
+            if tp.one_pass and (bound is None or wg * tp.workgroup_size < n):
+                raise GpuError(f"kernel '{ck.name}': task {ti} runs one iteration per thread but its launch "
+                               f"does not cover its range (compiler bug)")
+        rt.launch(ck, ti, buffers, packed, wg, const)
+    if lc.has_asserts:  # debug-mode asserts, or autodiff stack overflow checks
         rt.check_errors(ck)
     if ck.ret_dtype is not None:
         return rt.read_ret(ck.ret_dtype)

@@ -4,11 +4,15 @@ One CompiledTask is one WGSL compute shader with a single entry point. Bindings 
 group 0. The runtime binds, for each BindingSpec:
   kind 'args'   : the launch's uniform block (4-byte words, CompiledKernel.arg_words of them),
                   bound with a dynamic offset so many launches share one uniform buffer;
-  kind 'buffer' : the storage buffer of CompiledKernel.buffer_sources[key];
+  kind 'buffer' : the storage buffer of the launch's buffer list at position key (the launcher
+                  resolves plan.buffers[key]);
   kind 'error'  : the runtime's error buffer (array<atomic<u32>>, ERROR_WORDS words);
   kind 'ret'    : the kernel's return-value buffer (one 4-byte word);
-  kind 'stack'  : the runtime's scratch buffer for autodiff stacks: CompiledTask.stack_words
+  kind 'stack'  : the runtime's scratch buffer for autodiff stacks: the launch says how many
                   u32 words per thread (thread = global invocation index; serial tasks use one).
+
+CompiledKernel.plan (wgpu_ad/plan.py) is the launcher's part: what each uniform word and buffer
+is, and how to size each task's grid.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ ERROR_WORDS = 16
 class BindingSpec:
     binding: int
     kind: str            # 'args' | 'buffer' | 'error' | 'ret' | 'stack'
-    key: int = -1        # for 'buffer': index into CompiledKernel.buffer_sources
+    key: int = -1        # for 'buffer': index into the launch's buffers (plan.buffers)
     read_only: bool = False
 
 
@@ -35,8 +39,6 @@ class CompiledTask:
     workgroup_size: int
     bindings: list[BindingSpec]
     serial: bool         # True: dispatch exactly one workgroup (the shader runs on thread 0 only)
-    stack_words: int = 0  # scratch words per thread for autodiff stacks (binding kind 'stack')
-    one_pass: bool = False  # a range task with one iteration per thread: the launch must cover the range
 
 
 @dataclass
@@ -44,7 +46,7 @@ class CompiledKernel:
     name: str
     tasks: list[CompiledTask]
     arg_words: int                                           # uniform block size in 4-byte words
-    buffer_sources: list[Any] = field(default_factory=list)  # ir Buffer.source, same order as kernel.buffers
+    plan: Any = None                                         # plan.LaunchPlan
     ret_dtype: Any = None                                    # types.DType or None
     # ASSERT i failed -> message template (with {} per value) and the dtypes of its values
     asserts: list[tuple[str, list[Any]]] = field(default_factory=list)

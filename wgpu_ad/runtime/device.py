@@ -6,14 +6,13 @@ submitted without waiting. The CPU waits only in read() and sync(). queue.write_
 the next submit *before* commands recorded but not yet submitted, so write() submits pending
 work first, unless it is small: then it is staged (its bytes join the batch's upload, a copy joins
 its commands). The uniform args of all launches in a batch live in one buffer at dynamic offsets;
-its bytes are written right before the submit that uses them, like the staged writes' bytes. A
-launch may be held back (hold(): a tape's last launch, which may end up fused with its adjoint);
-it is recorded before any other work reaches the device, so nothing can see the difference.
+its bytes are written right before the submit that uses them, like the staged writes' bytes.
+Work may be deferred (defer(): a tape's last launch, which may end up fused with its adjoint): it
+runs before any other work reaches the device, so nothing can see the difference.
 """
 from __future__ import annotations
 
 import logging
-import os
 from typing import Callable
 
 import numpy as np
@@ -65,20 +64,10 @@ class Runtime:
         self.random_seed = int(random_seed)
         self._seed_counter = 0
         self.max_workgroups: int = self.limits["max-compute-workgroups-per-dimension"]
-        # how many workgroups a range launch uses at most (the grid-stride loop does the rest): on a
-        # CPU adapter every workgroup costs setup and barrier rounds, and a few hundred keep all
-        # cores busy (benchmarks/RESULTS.md: 4-13x faster there); GPUs get the full grid
-        cpu = str(self.adapter.info.get("adapter_type", "")).upper() == "CPU"
-        self.grid_cap: int = 256 if cpu else self.max_workgroups
-        # on a CPU adapter a few thousand threads fill every core: multi-dimensional parallel loops
-        # keep just enough leading dimensions parallel and loop over the rest in each thread
-        # (frontend/kernel.py _parallel_prefix); GPUs want every iteration as a thread
-        self.min_parallel: int | None = max(1024, 256 * (os.cpu_count() or 1)) if cpu else None
+        # a CPU adapter (lavapipe, WARP): the compiler's defaults differ there (compiler/options.py)
+        self.is_cpu: bool = str(self.adapter.info.get("adapter_type", "")).upper() == "CPU"
         self.max_pending = _MAX_PENDING
-        # a tape holds back its last launch to run it fused with its adjoint (ad/tape.py,
-        # passes/autodiff/fuse.py); False launches every forward kernel when it is called
-        self.fuse_adjoint: bool = True
-        self._held: Callable[[], None] | None = None  # see hold()
+        self._deferred: list[Deferred] = []  # see defer()
         self.lost: str | None = None  # set by the wgpu log watcher when the device is lost
 
         self._pipelines = PipelineCache(self.device, self.limits["min-uniform-buffer-offset-alignment"])
@@ -122,8 +111,8 @@ class Runtime:
 
     def write(self, buffer: wgpu.GPUBuffer, data, offset: int = 0) -> None:
         """Write bytes / an array into buffer at byte offset, ordered after every earlier launch."""
-        if self._held is not None:
-            self.release()
+        if self._deferred:
+            self.run_deferred()
         if isinstance(data, np.ndarray):
             mv = memoryview(np.ascontiguousarray(data)).cast("B")
         else:
@@ -161,8 +150,8 @@ class Runtime:
 
     def read_view(self, buffer: wgpu.GPUBuffer, nbytes: int, offset: int = 0) -> memoryview:
         """Like read(), as a writable memoryview (one copy less for big arrays)."""
-        if self._held is not None:
-            self.release()
+        if self._deferred:
+            self.run_deferred()
         if nbytes <= 0:
             return memoryview(bytearray())
         self.readback_count += 1  # the viewer's tests check that drawing never reads fields back
@@ -185,8 +174,8 @@ class Runtime:
     def copy(self, src: wgpu.GPUBuffer, dst: wgpu.GPUBuffer, nbytes: int,
              src_offset: int = 0, dst_offset: int = 0) -> None:
         """Buffer-to-buffer copy, recorded in order with launches (offsets and size: multiples of 4)."""
-        if self._held is not None:
-            self.release()
+        if self._deferred:
+            self.run_deferred()
         if nbytes <= 0:
             return
         if src_offset % 4 or dst_offset % 4 or nbytes % 4:
@@ -200,8 +189,8 @@ class Runtime:
 
     def clear(self, buffer: wgpu.GPUBuffer, nbytes: int | None = None, offset: int = 0) -> None:
         """Zero a range (the whole buffer by default), in order with launches."""
-        if self._held is not None:
-            self.release()
+        if self._deferred:
+            self.run_deferred()
         size = buffer.size - offset if nbytes is None else nbytes
         a0, a1 = offset // 4 * 4, (offset + size + 3) // 4 * 4
         if a0 != offset or a1 != offset + size:  # f16 odd edges: fall back to a write
@@ -241,17 +230,17 @@ class Runtime:
     # ---- launches ------------------------------------------------------------------------------
 
     def launch(self, ck: CompiledKernel, task_index: int, buffers: list, args: bytes, workgroups: int,
-               ret_buffer: wgpu.GPUBuffer | None = None) -> None:
-        """Record one dispatch of ck.tasks[task_index]; buffers align with ck.buffer_sources."""
-        if self._held is not None:
-            self.release()
+               stack_words: int = 0, ret_buffer: wgpu.GPUBuffer | None = None) -> None:
+        """Record one dispatch of ck.tasks[task_index]; buffers: one per position of the task's
+        'buffer' bindings (BindingSpec.key); stack_words: autodiff stack words per thread."""
+        if self._deferred:
+            self.run_deferred()
         tp = self._pipelines.kernel(ck).tasks[task_index]
         ret = self.ret_buffer if ret_buffer is None else ret_buffer
         key = (*map(id, buffers), id(ret))
-        words = tp.task.stack_words
-        if words:
+        if stack_words:
             threads = 1 if tp.serial else workgroups * tp.task.workgroup_size
-            key = (*key, id(self._scratch(threads * words * 4, ck.name)))
+            key = (*key, id(self._scratch(threads * stack_words * 4, ck.name)))
         hit = tp.bind_groups.get(key)
         bg = hit[0] if hit is not None else self._new_bind_group(ck, tp, key, buffers, ret)
 
@@ -318,27 +307,21 @@ class Runtime:
         z = ((z ^ (z >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
         return z ^ (z >> 16)
 
-    # ---- a held launch ---------------------------------------------------------------------------
+    # ---- deferred work ----------------------------------------------------------------------------
 
-    def hold(self, run: Callable[[], None]) -> None:
-        """Hold back a launch: run() records it before any other work reaches the device (a launch,
-        write, read, copy, clear or submit), unless unhold() takes it back first. A tape holds its
-        last launch this way to run it fused with its adjoint when nothing came between. The
-        holder releases an earlier held launch first."""
-        if self._held is not None:
-            raise RuntimeError("Runtime.hold: a launch is held already (release it first)")
-        self._held = run
+    def defer(self, run: Callable[[], None]) -> "Deferred":
+        """Run `run()` before anything else reaches the device (a launch, write, read, copy, clear
+        or submit), unless the returned handle is cancelled first. A tape defers its last launch
+        this way, to run it fused with its adjoint when nothing came between."""
+        d = Deferred(run)
+        self._deferred.append(d)
+        return d
 
-    def release(self) -> None:
-        """Record the held launch now, if there is one."""
-        run, self._held = self._held, None
-        if run is not None:
-            run()
-
-    def unhold(self) -> Callable[[], None] | None:
-        """Take the held launch back without running it (its holder launches it another way)."""
-        run, self._held = self._held, None
-        return run
+    def run_deferred(self) -> None:
+        """Run the deferred work now, in the order it was deferred."""
+        while self._deferred:
+            d = self._deferred.pop(0)
+            d.run()
 
     # ---- submission ----------------------------------------------------------------------------
 
@@ -370,8 +353,8 @@ class Runtime:
 
     def flush(self) -> None:
         """Submit everything recorded so far (without waiting for it)."""
-        if self._held is not None:
-            self.release()
+        if self._deferred:
+            self.run_deferred()
         if self._encoder is None:
             return
         self._end_pass()
@@ -432,6 +415,24 @@ class Runtime:
         raise KernelRuntimeError(f"kernel '{ck.name}': " + template.format(*values))
 
 
+class Deferred:
+    """Work deferred with Runtime.defer; cancel() takes it back (True when it had not run yet)."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: Callable[[], None]):
+        self._run = run
+
+    def run(self) -> None:
+        run, self._run = self._run, None
+        if run is not None:
+            run()
+
+    def cancel(self) -> bool:
+        pending, self._run = self._run is not None, None
+        return pending
+
+
 # ---- the process-wide runtime ----------------------------------------------------------------
 
 _runtime: Runtime | None = None
@@ -482,7 +483,9 @@ def reset() -> None:
     global _runtime, _generation
     _generation += 1
     if _runtime is not None:
-        _runtime.unhold()  # a launch held by a tape belongs to the fields that are gone
+        for d in _runtime._deferred:  # deferred launches belong to the fields that are gone
+            d.cancel()
+        _runtime._deferred.clear()
     _runtime = None
     for hook in list(_reset_hooks):
         hook()

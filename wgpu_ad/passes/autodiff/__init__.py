@@ -3,6 +3,7 @@ the control-flow normalisation it needs (normalize.py) and the checks that refus
 cannot differentiate correctly (checks.py)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from ...ir.nodes import Buffer, Kernel
@@ -17,12 +18,26 @@ from .transpose import split_pair_task
 DEFAULT_STACK_SIZE = 256  # loops bounded by constants or arguments are sized exactly or per launch
 
 
+@dataclass(frozen=True)
+class AdjointInfo:
+    """What the launcher needs to know about an adjoint beyond its code, as buffer positions.
+
+    zero_stores: the zero-store candidates (demote.py), whose one accumulation may be a plain
+    store while the gradient is all zeros. fused: for a fused kernel (fuse.py), the positions of
+    the fused task's primal reads, gradient reads, forward writes and adjoint writes."""
+
+    zero_stores: tuple = ()
+    fused: tuple | None = None
+
+
 def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
                    stack_size: int = DEFAULT_STACK_SIZE, zero: tuple = (), transpose: int | None = None,
-                   fuse: bool = False) -> Kernel:
-    """The adjoint kernel of `kernel` (its tasks reversed, each replaced by its adjoint).
+                   fuse: bool = False) -> tuple[Kernel, AdjointInfo]:
+    """The adjoint kernel of `kernel` (its tasks reversed, each replaced by its adjoint), and
+    its AdjointInfo.
 
-    grad_source(buffer) gives the gradient storage of a primal buffer, or None when it has none.
+    grad_source(buffer) gives the gradient's source (a plan.Source) of a primal buffer, or None
+    when it has none.
     zero: positions in the adjoint's buffer list of gradients known to be all zeros at launch;
     those that are zero-store candidates (the adjoint's `zero_stores`, see demote.py) are stored
     into instead of accumulated into.
@@ -40,15 +55,14 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
         check_fusable(k.tasks[-1])
     grads: dict[int, Buffer] = {}
     buffers = list(k.buffers)
-    by_source = {id(b.source): b for b in buffers if not isinstance(b.source, tuple)}
+    by_source = {b.source: b for b in buffers}
     for b in k.buffers:
         if b.grad or not b.dtype.is_float:
             continue
         src = grad_source(b)
         if src is None:
             continue
-        g = by_source.get(id(src)) if not isinstance(src, tuple) else next(
-            (x for x in buffers if x.source == src), None)
+        g = by_source.get(src)
         if g is None:
             g = Buffer(b.name + ".grad", b.dtype, src, grad=True, vector=b.vector)
             buffers.append(g)
@@ -71,7 +85,6 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     before = k.tasks[:-1] if fuse else []  # the forward tasks a fused kernel runs first
     out = Kernel(k.name + ("_fused_grad" if fuse else "_grad"), before + [nt for nt, _, _ in adjoints],
                  list(k.args), buffers, None, False, k.debug, k.loc)
-    out.fused = fused
     used = [task_buffers(nt) for nt, _, _ in adjoints]
     forward_used = set().union(*(task_buffers(t) for t in before))
     zero_ids = {id(buffers[p]) for p in zero}
@@ -79,8 +92,13 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     for n, (nt, orig, loop_dims) in enumerate(adjoints):
         shared = forward_used.union(*(u for m, u in enumerate(used) if m != n))
         candidates |= demote_atomics(loop_dims, nt, orig, shared, zero_ids)
-    out.zero_stores = [(p, b) for p, b in enumerate(buffers) if id(b) in candidates]
-    return out
+    pos = {id(b): p for p, b in enumerate(buffers)}
+    info = AdjointInfo(
+        zero_stores=tuple(p for p, b in enumerate(buffers) if id(b) in candidates),
+        fused=None if fused is None else tuple(tuple(pos[id(b)] for b in kind) for kind in
+                                               (fused.primal_reads, fused.grad_reads, fused.fwd_writes,
+                                                fused.adj_writes)))
+    return out, info
 
 
-__all__ = ["reverse_kernel", "DEFAULT_STACK_SIZE", "clone_kernel", "NotFusable"]
+__all__ = ["reverse_kernel", "AdjointInfo", "DEFAULT_STACK_SIZE", "clone_kernel", "NotFusable"]

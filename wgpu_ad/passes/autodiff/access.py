@@ -23,17 +23,18 @@ from ...ir.nodes import Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
 
 Affine = dict  # key -> coefficient; key None is the constant term
-_loop_dims: dict = {}  # the kernel being checked: stmt -> (task, d)
 
 
-def affine(v) -> Affine:
+def affine(v, loop_dims: dict) -> Affine:
+    """v as an affine form over arguments (("arg", word)), loop indices and opaque values;
+    loop_dims: the kernel's (Kernel.loop_dims), which names its parallel dimensions."""
     if isinstance(v, bool):
         return {None: int(v)}
     if isinstance(v, int):
         return {None: v}
     if not isinstance(v, Stmt):
         return {("opaque", id(v)): 1}
-    hit = _loop_dims.get(v)
+    hit = loop_dims.get(v)
     if hit is not None:
         task, d = hit
         return {("pdim", id(task), d): 1}
@@ -41,23 +42,23 @@ def affine(v) -> Affine:
     if op is Op.CONST and not v.dtype.is_float:
         return {None: int(v.attr)}
     if op is Op.ARG:
-        return {("arg", v.attr.name): 1}
+        return {("arg", v.attr.index): 1}
     if op is Op.LOOP_INDEX:
         kind = "ploop" if isinstance(v.attr, Task) else "sloop"
         return {(kind, id(v.attr)): 1}
     if op in (Op.ADD, Op.SUB):
-        a, b = affine(v.args[0]), affine(v.args[1])
+        a, b = affine(v.args[0], loop_dims), affine(v.args[1], loop_dims)
         return _combine(a, b, 1 if op is Op.ADD else -1)
     if op is Op.NEG:
-        return {k: -c for k, c in affine(v.args[0]).items()}
+        return {k: -c for k, c in affine(v.args[0], loop_dims).items()}
     if op is Op.MUL:
-        a, b = affine(v.args[0]), affine(v.args[1])
+        a, b = affine(v.args[0], loop_dims), affine(v.args[1], loop_dims)
         if set(a) == {None}:
             return {k: c * a[None] for k, c in b.items()}
         if set(b) == {None}:
             return {k: c * b[None] for k, c in a.items()}
     if op is Op.CAST and not v.dtype.is_float and not v.args[0].dtype.is_float:
-        return affine(v.args[0])
+        return affine(v.args[0], loop_dims)
     return {("value", id(v)): 1}
 
 
@@ -72,14 +73,14 @@ def _uniform(a: Affine) -> bool:
     return all(k is None or k[0] == "arg" for k in a)
 
 
-def _safe(load: Stmt, write: Stmt, write_first: bool) -> bool:
+def _safe(load: Stmt, write: Stmt, write_first: bool, ld: dict) -> bool:
     """Can the replay of `load` see a value that `write` changed after the forward read it?"""
     li, wi = load.index, write.index
     if li is None or wi is None or len(li) != len(wi):
         return False
     same_element = True
     for a_raw, b_raw in zip(li, wi):
-        a, b = affine(a_raw), affine(b_raw)
+        a, b = affine(a_raw, ld), affine(b_raw, ld)
         diff = _combine(b, a, -1)
         k = diff.get(None, 0)
         if any(key is not None for key in diff):
@@ -98,15 +99,7 @@ def _safe(load: Stmt, write: Stmt, write_first: bool) -> bool:
 
 
 def check_global_access(kernel: Kernel) -> None:
-    global _loop_dims
-    _loop_dims = kernel.loop_dims
-    try:
-        _check(kernel)
-    finally:
-        _loop_dims = {}
-
-
-def _check(kernel: Kernel) -> None:
+    ld = kernel.loop_dims
     accesses = []
     for t in kernel.tasks:
         for s in list(walk(t.bounds)) + list(walk(t.body)):
@@ -122,24 +115,24 @@ def _check(kernel: Kernel) -> None:
     for group in groups:  # reads first: their message is the more useful one
         loads = [s for s in group if s.op is Op.GLOBAL_LOAD]
         for w in (s for s in group if s.op is not Op.GLOBAL_LOAD):
-            for ld in loads:
-                if task_of[id(w)] < task_of[id(ld)]:
+            for load in loads:
+                if task_of[id(w)] < task_of[id(load)]:
                     continue  # an earlier dispatch wrote it: the replay reads the same value
-                if not _safe(ld, w, pos[id(w)] < pos[id(ld)]):
-                    _refuse_read_then_write(kernel, ld, w)
+                if not _safe(load, w, pos[id(w)] < pos[id(load)], ld):
+                    _refuse_read_then_write(kernel, load, w)
     loops = _enclosing_loops(kernel)
     for group in groups:
         writes = [s for s in group if s.op is not Op.GLOBAL_LOAD]
         for w in writes:
-            if w.op is not Op.ATOMIC and not _injective(w, loops[id(w)]):  # atomics accumulate
+            if w.op is not Op.ATOMIC and not _injective(w, loops[id(w)], ld):  # atomics accumulate
                 _refuse_repeated_write(kernel, w)
             for w2 in writes:
                 if pos[id(w2)] <= pos[id(w)]:
                     continue
                 both_add = all(x.op is Op.ATOMIC and x.attr[0] in (AtomicKind.ADD, AtomicKind.SUB) for x in (w, w2))
-                if both_add or _safe_writes(w, w2):
+                if both_add or _safe_writes(w, w2, ld):
                     continue
-                if _same_element(w, w2) and task_of[id(w)] == task_of[id(w2)]:
+                if _same_element(w, w2, ld) and task_of[id(w)] == task_of[id(w2)]:
                     # the same thread and iteration writes it twice (or in two branches): the
                     # adjoint walks them in reverse and zeroes the gradient after each store
                     continue
@@ -171,14 +164,14 @@ def _enclosing_loops(kernel: Kernel) -> dict[int, list]:
     return out
 
 
-def _injective(w: Stmt, loops: list) -> bool:
+def _injective(w: Stmt, loops: list, ld: dict) -> bool:
     """Does every iteration of the loops around `w` (and every thread) write a different element?
     Proven when each loop index is alone (up to uniform terms) in a dimension of its own."""
     if not loops:
         return True
     if w.index is None:
         return False
-    dims = [affine(x) for x in w.index]
+    dims = [affine(x, ld) for x in w.index]
     used = set()
     for group in loops:
         for key in group:
@@ -199,22 +192,22 @@ def _refuse_repeated_write(kernel: Kernel, w: Stmt):
         f"accumulate with += (atomic add)", w.loc)
 
 
-def _same_element(a: Stmt, b: Stmt) -> bool:
+def _same_element(a: Stmt, b: Stmt, ld: dict) -> bool:
     if a.index is None or b.index is None or len(a.index) != len(b.index):
         return False
     for x, y in zip(a.index, b.index):
-        diff = _combine(affine(y), affine(x), -1)
+        diff = _combine(affine(y, ld), affine(x, ld), -1)
         if any(k is not None for k in diff) or diff.get(None, 0) != 0:
             return False
     return True
 
 
-def _safe_writes(w1: Stmt, w2: Stmt) -> bool:
+def _safe_writes(w1: Stmt, w2: Stmt, ld: dict) -> bool:
     """Two writes are fine when they provably hit different elements."""
     if w1.index is None or w2.index is None or len(w1.index) != len(w2.index):
         return False
     for a_raw, b_raw in zip(w1.index, w2.index):
-        a, b = affine(a_raw), affine(b_raw)
+        a, b = affine(a_raw, ld), affine(b_raw, ld)
         diff = _combine(b, a, -1)
         if all(key is None for key in diff) and diff.get(None, 0) != 0 and _uniform(a):
             return True
@@ -246,3 +239,29 @@ def _refuse_overwrite(kernel: Kernel, w1: Stmt, w2: Stmt):
         f"same elements again ({_line(w2)}); the gradient of the first value would be silently wrong. "
         f"Compute the final value in a local variable and store it once, or accumulate with +=",
         w2.loc)
+
+
+def footprint(kernel: Kernel) -> list[tuple]:
+    """Per distinct global access of the kernel: (buffer, kind, dims) with kind 'load', 'store',
+    'add' (atomic add / sub) or 'atomic', and dims per index dimension an affine form over
+    argument words (("arg", word) keys and None for the constant) when it is the same for every
+    thread and iteration, else None. The tape's overwrite checks read it (ad/overwrite.py)."""
+    out, seen = [], set()
+    for t in kernel.tasks:
+        for blk in (t.bounds, t.body):
+            for s in walk(blk):
+                if s.op not in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC):
+                    continue
+                buf = _buf(s)
+                kind = {Op.GLOBAL_LOAD: "load", Op.GLOBAL_STORE: "store"}.get(s.op) or (
+                    "add" if s.attr[0] in (AtomicKind.ADD, AtomicKind.SUB) else "atomic")
+                if s.index is None:
+                    dims = (None,)
+                else:
+                    forms = (affine(x, kernel.loop_dims) for x in s.index)
+                    dims = tuple(tuple(sorted(a.items(), key=repr)) if _uniform(a) else None for a in forms)
+                key = (id(buf), kind, dims)
+                if key not in seen:
+                    seen.add(key)
+                    out.append((buf, kind, dims))
+    return out

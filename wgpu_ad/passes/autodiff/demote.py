@@ -26,11 +26,11 @@ def _parallel_keys(loop_dims: dict, task: Task) -> list:
     return [("pdim", id(task), d) for d in dims] if dims else [("ploop", id(task))]
 
 
-def _signature(s: Stmt, keys: list):
+def _signature(s: Stmt, keys: list, loop_dims: dict):
     """The dims of s's index that hold the parallel keys, as affine forms; None if unproven."""
     if s.index is None:
         return None
-    dims = [access.affine(x) for x in s.index]
+    dims = [access.affine(x, loop_dims) for x in s.index]
     sig, used = [], set()
     for key in keys:
         hit = next((k for k, a in enumerate(dims) if k not in used and
@@ -53,28 +53,24 @@ def demote_atomics(loop_dims: dict, task: Task, orig: Task,
     Returns the ids of this task's zero-store candidates."""
     if task.kind != "range":
         return set()
-    access._loop_dims = loop_dims
-    try:
-        keys = _parallel_keys(loop_dims, orig)
-        groups: dict[int, list] = {}
-        for s in walk(task.body):
-            if s.op is Op.ATOMIC:
-                groups.setdefault(id(s.attr[1]), []).append(s)
-        demote, candidates = set(), set()
-        in_loops = _in_loops(task.body)
-        other = task_buffers(task, body_atomics=False)
-        for buf_id, stmts in groups.items():
-            if not all(s.attr[0] is AtomicKind.ADD and getattr(s, "index", None) is not None and s.attr[1].grad
-                       for s in stmts):
-                continue
-            sigs = {_signature(s, keys) for s in stmts}
-            if len(sigs) == 1 and None not in sigs:
-                demote.update(id(s) for s in stmts)
-                if (buf_id not in shared and buf_id not in other and _distinct(stmts)
-                        and not any(id(s) in in_loops for s in stmts)):
-                    candidates.add(buf_id)
-    finally:
-        access._loop_dims = {}
+    keys = _parallel_keys(loop_dims, orig)
+    groups: dict[int, list] = {}
+    for s in walk(task.body):
+        if s.op is Op.ATOMIC:
+            groups.setdefault(id(s.attr[1]), []).append(s)
+    demote, candidates = set(), set()
+    in_loops = _in_loops(task.body)
+    other = task_buffers(task, body_atomics=False)
+    for buf_id, stmts in groups.items():
+        if not all(s.attr[0] is AtomicKind.ADD and getattr(s, "index", None) is not None and s.attr[1].grad
+                   for s in stmts):
+            continue
+        sigs = {_signature(s, keys, loop_dims) for s in stmts}
+        if len(sigs) == 1 and None not in sigs:
+            demote.update(id(s) for s in stmts)
+            if (buf_id not in shared and buf_id not in other and _distinct(stmts, loop_dims)
+                    and not any(id(s) in in_loops for s in stmts)):
+                candidates.add(buf_id)
     if demote:
         _rewrite(task.body, demote, candidates & set(zero))
     return candidates
@@ -91,10 +87,10 @@ def _in_loops(block: Block, inside: bool = False, out: set | None = None) -> set
     return out
 
 
-def _distinct(stmts: list) -> bool:
+def _distinct(stmts: list, loop_dims: dict) -> bool:
     """No two of the statements can touch the same element in one iteration: each pair's indices
     differ by a nonzero constant in some dimension (the components of a vector element)."""
-    forms = [[access.affine(x) for x in s.index] for s in stmts]
+    forms = [[access.affine(x, loop_dims) for x in s.index] for s in stmts]
     for n, a in enumerate(forms):
         for b in forms[:n]:
             if len(a) != len(b) or not any(

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...ir.builder import Builder
-from ...ir.nodes import Block, Buffer, Kernel, Stmt, Task, walk
+from ...ir.nodes import Block, Buffer, Kernel, LaunchCapacity, Stmt, Task, walk
 from ...ir.ops import AtomicKind, GroupOp, Op
 from ...types import f32, i32, u1
 from ...ir.utils import jumps_to_loop
@@ -378,17 +378,6 @@ def _carried(loop: Stmt, flags: set) -> list[Stmt]:
 
 def _breaks(loop: Stmt) -> bool:
     return jumps_to_loop(loop.blocks[0], Op.BREAK)
-
-
-@dataclass
-class LaunchCapacity:
-    """A stack sized per launch: the loop's trip count from the launch's arguments (rounded up
-    to a power of two), or `default` (ti.init(ad_stack_size=...)) when the bounds read fields or
-    loop variables. The launcher sets the STACK_ALLOC's attr to an int before generating WGSL."""
-
-    begin: Stmt | None
-    end: Stmt | None
-    default: int
 
 
 def _capacity(loop: Stmt, default: int):

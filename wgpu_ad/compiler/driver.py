@@ -1,0 +1,154 @@
+"""The compiler driver: one path from a kernel's source to a CompiledKernel, for the forward
+kernel and every kernel derived from it (the adjoint, its zero-store variants, the fused tape
+tail).
+
+    source --frontend--> IR --passes (optimize)--> IR --prereduce, codegen--> CompiledKernel
+
+Every step is decided by the CompileOptions, which are part of the cache keys. The result is a
+`Compiled`: the CompiledKernel (WGSL, bindings and the launch plan, all plain data) and the
+kernel's storage table (the live fields its plan names by position). The optimised IR is made
+again on demand (printing, deriving an adjoint after an offline-cache hit): nothing downstream
+of this module reads IR.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from .. import plan
+from ..errors import CompileError, debug_enabled
+from ..ir.clone import clone_kernel
+from ..ir.nodes import Kernel
+from ..passes.autodiff import NotFusable, reverse_kernel
+from ..passes.autodiff.access import footprint
+from ..passes.pipeline import optimize
+from ..runtime.compiled import CompiledKernel
+from . import cache
+from .options import CompileOptions
+
+
+class Compiled:
+    """A compiled kernel: `ck` (what the runtime and the launcher need) and `storages`, the live
+    fields that plan.Field(k) names. `ir` is the optimised IR, made on first use."""
+
+    def __init__(self, ck: CompiledKernel, storages: list, make_ir: Callable[[], Kernel],
+                 slot: cache.Slot | None):
+        self.ck, self.storages, self.slot = ck, storages, slot
+        self._make_ir, self._ir = make_ir, None
+
+    @property
+    def plan(self) -> plan.LaunchPlan:
+        return self.ck.plan
+
+    @property
+    def ir(self) -> Kernel:
+        if self._ir is None:
+            self._ir = self._make_ir()
+        return self._ir
+
+
+def user_errors(fn: Callable):
+    """fn(), with compile errors showing the user's source, not the compiler's frames (unless
+    WGPU_AD_DEBUG_COMPILER=1)."""
+    try:
+        return fn()
+    except CompileError as e:
+        if debug_enabled():
+            raise
+        raise e.with_traceback(None) from None
+
+
+def _optimize(ir: Kernel, opts: CompileOptions) -> Kernel:
+    return optimize(ir, print_ir=opts.print_ir, verify=opts.debug or debug_enabled())
+
+
+def _codegen(ir: Kernel, opts: CompileOptions, **plan_facts) -> CompiledKernel:
+    """Optimised IR -> CompiledKernel: the workgroup pre-reduction (a rewrite for the GPU, run on
+    a copy so the optimised IR stays what the passes made), WGSL, the launch plan."""
+    from ..codegen.wgsl import generate
+    from ..passes.prereduce import prereduce
+    ck = generate(prereduce(clone_kernel(ir)), float_atomics=opts.float_atomics, debug=opts.debug,
+                  subgroups=opts.subgroups, grid_cap=opts.grid_cap)
+    if plan_facts:
+        ck = dataclasses.replace(ck, plan=dataclasses.replace(ck.plan, **plan_facts))
+    if opts.show_wgsl:
+        for t in ck.tasks:
+            print(t.wgsl)
+    return ck
+
+
+def _accesses(ir: Kernel) -> tuple:
+    """The plan's Access records: footprint() with the affine forms over argument words."""
+    out = []
+    for buf, kind, dims in footprint(ir):
+        forms = tuple(None if d is None else tuple((None if k is None else k[1], c) for k, c in d) for d in dims)
+        out.append(plan.Access(buf.source, kind, forms))
+    return tuple(out)
+
+
+def compile_kernel(fn, name: str, specs: list, ret_dtype, opts: CompileOptions) -> Compiled:
+    """A @ti.kernel specialised for its argument specs (frontend/kernel.py ArgSpec)."""
+    from ..frontend.kernel import lower_kernel
+    ir0, storages = user_errors(lambda: lower_kernel(fn, name, specs, ret_dtype, debug=opts.debug,
+                                                     min_parallel=opts.min_parallel))
+    slot = cache.forward_slot(ir0, opts)
+    made: list = []
+
+    def make_ir() -> Kernel:
+        if not made:
+            made.append(user_errors(lambda: _optimize(ir0, opts)))
+        return made[0]
+    ck = slot.load() if slot is not None else None
+    if ck is None:
+        ir = make_ir()
+        ck = user_errors(lambda: _codegen(ir, opts, accesses=_accesses(ir)))
+        if slot is not None:
+            slot.store(ck)
+    return Compiled(ck, storages, make_ir, slot)
+
+
+def grad_sources(fwd: Compiled, specs: list) -> tuple:
+    """Per buffer of the forward kernel, where its gradient lives (a plan.Source), or None: a
+    field's gradient is its own entry of the storage table when the kernel names it too."""
+    pos = {id(o): k for k, o in enumerate(fwd.storages)}
+    out = []
+    for src in fwd.plan.buffers:
+        g = None
+        if isinstance(src, plan.Field):
+            obj = fwd.storages[src.index]
+            if getattr(obj, "needs_grad", False) and not obj.is_grad:
+                k = pos.get(id(getattr(obj, "_grad", None)))
+                g = plan.Field(k) if k is not None else plan.FieldGrad(src.index)
+        elif isinstance(src, plan.Arg) and specs[src.arg].needs_grad:
+            g = plan.ArgGrad(src.arg)
+        out.append(g)
+    return tuple(out)
+
+
+def compile_adjoint(fwd: Compiled, grads: tuple, opts: CompileOptions, zero: tuple = (),
+                    fused: bool = False) -> Compiled | None:
+    """The adjoint of a compiled kernel; grads: grad_sources(). zero: positions of gradients
+    known to be all zeros at launch (a zero-store variant, demote.py). fused: the forward and
+    the adjoint in one kernel (fuse.py), or None when the kernel cannot be fused."""
+    slot = fwd.slot.adjoint(grads, zero, fused) if fwd.slot is not None else None
+    by_source = dict(zip(fwd.plan.buffers, grads))
+    made: list = []
+
+    def make_ir() -> Kernel:
+        if not made:
+            adj, info = reverse_kernel(fwd.ir, lambda b: by_source.get(b.source), opts.ad_stack_size, zero,
+                                       transpose=opts.min_parallel, fuse=fused)
+            made.append((_optimize(adj, opts), info))
+        return made[0]
+    ck = slot.load() if slot is not None else None
+    if ck is None:
+        try:
+            ir, info = user_errors(make_ir)
+            ck = user_errors(lambda: _codegen(ir, opts, zero_stores=info.zero_stores, fused=info.fused))
+        except (NotFusable, CompileError):
+            if not fused:
+                raise
+            return None  # the tape launches the forward and the adjoint apart (and reports errors then)
+        if slot is not None:
+            slot.store(ck)
+    return Compiled(ck, fwd.storages, lambda: make_ir()[0], slot)

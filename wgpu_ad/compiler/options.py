@@ -1,0 +1,108 @@
+"""CompileOptions: every knob that changes what the compiler emits, in one frozen record.
+
+The options are part of every cache key (a kernel's in-memory specialisations and the offline
+cache), so changing one recompiles instead of running code made for other settings. Defaults come
+from the device (Runtime facts: float atomics, subgroups, a CPU adapter) and from ti.init's
+arguments; set_options() changes them for the kernels compiled from then on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from ..errors import WgpuAdError
+from ..runtime.device import on_reset
+
+DEFAULT_STACK_SIZE = 256  # loops bounded by constants or arguments are sized exactly or per launch
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    debug: bool = False                 # keep asserts (index checks), verify the IR between passes
+    float_atomics: bool = False         # WGSL atomic<f32> add (the 'shader-float32-atomic' feature)
+    subgroups: bool = False             # WGSL subgroup operations (aggregated atomic adds)
+    # on a CPU adapter a few thousand threads fill every core: multi-dimensional parallel loops
+    # keep just enough leading dimensions parallel and loop over the rest in each thread
+    # (frontend/kernel.py _parallel_prefix); GPUs want every iteration as a thread (None)
+    min_parallel: int | None = None
+    # the most workgroups a range launch uses (the grid-stride loop does the rest): on a CPU
+    # adapter every workgroup costs setup and barrier rounds, and a few hundred keep all cores
+    # busy (benchmarks/RESULTS.md: 4-13x faster there); GPUs get the full grid
+    grid_cap: int = 65535
+    ad_stack_size: int = DEFAULT_STACK_SIZE  # stack depth of loops whose trip count is unknown
+    fuse_adjoint: bool = True           # a tape's last launch may run fused with its adjoint
+    print_ir: bool = False              # print the IR after every pass (or WGPU_AD_PRINT_IR=1)
+    print_wgsl: bool = False            # print the generated WGSL (or WGPU_AD_PRINT_WGSL=1)
+    offline_cache: bool = True          # compiled kernels on disk (compiler/cache.py)
+    offline_cache_file_path: str | None = None
+
+    @property
+    def show_wgsl(self) -> bool:
+        return self.print_wgsl or _env("WGPU_AD_PRINT_WGSL")
+
+    @property
+    def printing(self) -> bool:
+        return self.print_ir or self.show_wgsl or _env("WGPU_AD_PRINT_IR")
+
+    def key(self) -> tuple:
+        """What decides the compiler's output (printing and the cache folder do not)."""
+        return (self.debug, self.float_atomics, self.subgroups, self.min_parallel, self.grid_cap,
+                self.ad_stack_size)
+
+
+def _env(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
+def for_device(rt, **user) -> CompileOptions:
+    """The defaults for a runtime's device, with the user's settings on top."""
+    base = CompileOptions(debug=rt.debug, float_atomics=rt.has_float_atomics, subgroups=rt.has_subgroups,
+                          min_parallel=max(1024, 256 * (os.cpu_count() or 1)) if rt.is_cpu else None,
+                          grid_cap=256 if rt.is_cpu else rt.max_workgroups)
+    return dataclasses.replace(base, **user)
+
+
+_user: dict = {}      # set by ti.init and set_options; cleared by ti.reset
+_current: list = []   # the options for the current runtime, made on first use
+
+
+def current() -> CompileOptions:
+    """The options kernels compile with now."""
+    if _current:
+        return _current[0]
+    from ..runtime.device import get_runtime
+    rt = get_runtime()
+    if _current:  # get_runtime() made a new runtime, whose reset hook ran
+        return _current[0]
+    opts = for_device(rt, **_user)
+    _current.append(opts)
+    return opts
+
+
+def set_options(**changes) -> CompileOptions:
+    """Change compile options for the kernels compiled from now on (each kernel recompiles for
+    the new options on its next call); returns the new options. Names: CompileOptions' fields."""
+    fields = {f.name for f in dataclasses.fields(CompileOptions)}
+    for name, value in changes.items():
+        if name not in fields:
+            raise WgpuAdError(f"set_options: unknown compile option {name!r}; the options are "
+                              f"{', '.join(sorted(fields))}")
+    stack = changes.get("ad_stack_size", 1)
+    if not (isinstance(stack, int) and not isinstance(stack, bool) and stack >= 1):
+        raise WgpuAdError(f"ad_stack_size={stack!r}: expected a positive integer")
+    cap = changes.get("grid_cap", 1)
+    if not (isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1):
+        raise WgpuAdError(f"grid_cap={cap!r}: expected a positive integer")
+    _user.update(changes)
+    _current.clear()
+    return current()
+
+
+def reset() -> None:
+    """Forget the user's settings and the device's defaults (on every runtime reset)."""
+    _user.clear()
+    _current.clear()
+
+
+on_reset(reset)

@@ -1,0 +1,212 @@
+"""The launch plan: what a compiled kernel tells its launcher, as plain typed records.
+
+The compiler (codegen/plan.py) writes one LaunchPlan per compiled kernel; the launcher
+(lang/launch.py) reads it and nothing else: per word of the uniform block what value it carries,
+per buffer where the storage comes from, per task how many threads it needs. Nothing here names
+the IR, a live object or a generated identifier, so a plan pickles into the offline cache as it is
+and the launcher never parses a name or evaluates a statement.
+
+Expressions (grid sizes, stack depths) are small trees over the words of the uniform block:
+`("const", v)`, `("word", w)` or `(op, dtype, *operands)` with `op` one of EXPR_OPS, all on 32-bit
+integers with the IR's semantics (ir/semantics.py; a test checks they agree). The compiler only
+writes expressions it can translate exactly; anything else (bounds read from fields, float math)
+is None, and the launcher falls back to a fixed grid and the shader's grid-stride loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+
+# ---- uniform words -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Scalar:
+    """The value of the scalar kernel argument at position `arg` of the call."""
+    arg: int
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Component:
+    """Component `index` (row-major) of the vector / matrix argument at position `arg`, which
+    has `count` components."""
+    arg: int
+    index: int
+    count: int
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Extent:
+    """Extent `dim` of the ndarray argument at position `arg` (its shape[dim])."""
+    arg: int
+    dim: int
+
+
+@dataclass(frozen=True)
+class Seed:
+    """A fresh random seed per launch (Runtime.next_seed)."""
+
+
+@dataclass(frozen=True)
+class StackCapacity:
+    """The depth of an autodiff stack: the trip count max(0, end - begin) of a loop whose bounds
+    (Exprs) depend on arguments, at least 1."""
+    begin: "Expr"
+    end: "Expr"
+
+
+Word = Union[Scalar, Component, Extent, Seed, StackCapacity]
+
+
+def word_dtype(w: Word) -> str:
+    """The WGSL scalar type of a word: 'f32', 'i32' or 'u32'."""
+    if isinstance(w, (Scalar, Component)):
+        return {"u1": "u32", "f16": "f32"}.get(w.dtype, w.dtype)
+    return "u32" if isinstance(w, Seed) else "i32"
+
+
+# ---- buffer sources ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Field:
+    """Entry `index` of the kernel's storage table (the fields its source names)."""
+    index: int
+
+
+@dataclass(frozen=True)
+class FieldGrad:
+    """The gradient of entry `index` of the kernel's storage table."""
+    index: int
+
+
+@dataclass(frozen=True)
+class Arg:
+    """The ndarray argument at position `arg` of the call."""
+    arg: int
+
+
+@dataclass(frozen=True)
+class ArgGrad:
+    """The gradient of the ndarray argument at position `arg`."""
+    arg: int
+
+
+Source = Union[Field, FieldGrad, Arg, ArgGrad]
+
+
+# ---- the plan ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """How to dispatch one task. serial: one workgroup. range: (begin, end) Exprs over the words,
+    the task's iterations being max(0, end - begin); None when the bounds depend on fields (then
+    the launch uses a fixed grid and the shader grid-strides). stack: autodiff stack words per
+    thread, as (constant, positions of the words whose values add to it). one_pass: the shader
+    runs one iteration per thread, so the launch must cover the range with threads (codegen only
+    sets it where grid_cap workgroups always do)."""
+    serial: bool
+    range: "tuple | None" = None
+    workgroup_size: int = 1
+    stack: tuple = (0, ())
+    one_pass: bool = False
+
+
+@dataclass(frozen=True)
+class Access:
+    """One kind of global access of a kernel: to `source`, kind 'load' / 'store' / 'add'
+    (atomic add or sub) / 'atomic', and per dimension of the index an affine form
+    ((word, coefficient), ..., (None, constant)) when every thread uses the same index, else None."""
+    source: Source
+    kind: str
+    dims: tuple
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    words: tuple                    # Word per 4-byte word of the uniform block, in order
+    buffers: tuple                  # Source per buffer of CompiledKernel (BindingSpec.key)
+    tasks: tuple                    # TaskPlan per CompiledTask
+    grid_cap: int                   # the most workgroups a range task gets
+    accesses: tuple = ()            # Access per distinct global access (the tape's checks)
+    zero_stores: tuple = ()         # adjoints: buffer positions of zero-store candidates
+    fused: tuple | None = None      # fused adjoints: buffer positions by kind (fuse.py)
+
+    @property
+    def uses_random(self) -> bool:
+        return any(isinstance(w, Seed) for w in self.words)
+
+
+# ---- expressions -------------------------------------------------------------------------------
+
+Expr = tuple
+_BITS = {"i32": (-(1 << 31), 1 << 32), "u32": (0, 1 << 32)}
+
+
+def _wrap(dtype: str, v):
+    if dtype == "u1":
+        return bool(v)
+    lo, span = _BITS[dtype]
+    return (int(v) - lo) % span + lo
+
+
+def _div(a: int, b: int, dt: str) -> int:
+    if b == 0:
+        return a
+    if dt == "i32" and a == -(1 << 31) and b == -1:
+        return a
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
+
+
+def _floordiv(a: int, b: int, dt: str) -> int:
+    return a if b == 0 else a // b
+
+
+def _mod(a: int, b: int, dt: str) -> int:
+    return 0 if b == 0 else a % b
+
+
+# op name -> fn(result dtype, *int operands); ints wrap to the result dtype afterwards
+EXPR_OPS = {
+    "add": lambda dt, a, b: a + b,
+    "sub": lambda dt, a, b: a - b,
+    "mul": lambda dt, a, b: a * b,
+    "div": lambda dt, a, b: _div(a, b, dt),
+    "floordiv": lambda dt, a, b: _floordiv(a, b, dt),
+    "mod": lambda dt, a, b: _mod(a, b, dt),
+    "min": lambda dt, a, b: min(a, b),
+    "max": lambda dt, a, b: max(a, b),
+    "neg": lambda dt, a: -a,
+    "abs": lambda dt, a: abs(a),
+    "cast": lambda dt, a: a,
+    "select": lambda dt, c, a, b: a if c else b,
+    "lt": lambda dt, a, b: a < b,
+    "le": lambda dt, a, b: a <= b,
+    "gt": lambda dt, a, b: a > b,
+    "ge": lambda dt, a, b: a >= b,
+    "eq": lambda dt, a, b: a == b,
+    "ne": lambda dt, a, b: a != b,
+}
+INT_DTYPES = ("i32", "u32", "u1")
+
+
+def evaluate(expr: Expr, words) -> int:
+    """The value of an expression, given the values of the uniform words."""
+    head = expr[0]
+    if head == "const":
+        return expr[1]
+    if head == "word":
+        return int(words[expr[1]])
+    dt = expr[1]
+    return _wrap(dt, EXPR_OPS[head](dt, *(evaluate(e, words) for e in expr[2:])))
+
+
+def uses_words(expr: Expr | None) -> bool:
+    """Whether an expression reads any word (else it is the same for every launch)."""
+    if expr is None or expr[0] == "const":
+        return False
+    if expr[0] == "word":
+        return True
+    return any(uses_words(e) for e in expr[2:])
