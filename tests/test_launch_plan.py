@@ -241,3 +241,50 @@ def test_deferred_work_runs_before_anything_reaches_the_device():
     assert handle.cancel() and not handle.cancel()
     x.to_numpy()
     assert order == ["first"]
+
+
+# ---- stacks sized at launch ------------------------------------------------------------------------
+
+@gpu
+@pytest.mark.parametrize("steps", [3, 700])
+def test_stack_depth_is_a_word_of_the_launch(steps):
+    """A loop whose trip count is an argument keeps its adjoint stack as deep as that count, read
+    from the uniform block at each launch (no recompile per depth): 700 steps is past the default
+    ad_stack_size (256). y = x * c**steps by repeated in-place multiplication of a local, so
+    dy/dx = c**steps and dy/dc = steps * x * c**(steps - 1)."""
+    n = 64
+    x = ti.field(ti.f32, shape=n, needs_grad=True)
+    c = ti.field(ti.f32, shape=(), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def power(steps: ti.i32):
+        for i in x:
+            v = x[i]
+            for _ in range(steps):
+                v = v * c[None]
+            loss[None] += v
+
+    x0 = np.linspace(0.5, 1.5, n)
+    c0 = 1.0 + 0.3 / steps
+    x.from_numpy(x0.astype(np.float32))
+    c[None] = c0
+    with ti.ad.Tape(loss):
+        power(steps)
+    np.testing.assert_allclose(x.grad.to_numpy(), np.full(n, c0 ** steps), rtol=2e-4)
+    np.testing.assert_allclose(c.grad[None], steps * x0.sum() * c0 ** (steps - 1), rtol=2e-3)
+    words = power._get_grad((steps,))[0].plan.words
+    assert any(isinstance(w, plan.StackCapacity) for w in words), words
+
+
+def test_compile_options_refuse_bad_input():
+    with pytest.raises(ti.WgpuAdError, match=r"set_options: unknown compile option 'gird_cap'; the options are "):
+        ti.set_compile_options(gird_cap=4)
+    with pytest.raises(ti.WgpuAdError, match=r"grid_cap=0: expected a positive integer"):
+        ti.set_compile_options(grid_cap=0)
+    with pytest.raises(ti.WgpuAdError, match=r"ad_stack_size=-1: expected a positive integer"):
+        ti.set_compile_options(ad_stack_size=-1)
+    opts = ti.set_compile_options(fuse_adjoint=False)
+    assert ti.compile_options() is opts and not opts.fuse_adjoint
+    ti.reset()
+    assert ti.compile_options().fuse_adjoint  # a reset forgets what was set

@@ -27,8 +27,8 @@ from .naming import describe, quoted
 
 
 def _live_storages():
-    from ..lang.storage import _live
-    return list(_live)
+    from ..lang.storage import live_storages
+    return live_storages()
 
 
 def clear_all_gradients() -> None:
@@ -322,9 +322,8 @@ class Tape:
         try:
             for e in reversed(self.entries):
                 if held is not None and e is held.entry:
-                    from ..lang.kernel import launch_fused
                     h, held = held, None
-                    if not launch_fused(h.kernel, h.args):
+                    if not h.kernel.launch_fused(h.args):
                         h.launch()
                         e.backward()
                     continue

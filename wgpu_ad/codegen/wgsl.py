@@ -655,9 +655,13 @@ def _assert_codes(kernel: Kernel, debug: bool) -> tuple[dict[int, int], list[tup
             elif s.op is Op.STACK_PUSH:
                 cap = s.args[0].attr
                 where = f" at {s.loc.file}:{s.loc.line}" if s.loc else ""
-                table.append((f"the serial loop{where} ran more than {cap} iterations in one thread, more than "
-                              f"its autodiff stack holds; raise the limit with ti.init(ad_stack_size=...) "
-                              f"(it is {cap})", []))
+                if isinstance(cap, ArgSlot):  # sized at launch from the loop's bounds
+                    table.append((f"the serial loop{where} ran more iterations in one thread than its bounds "
+                                  f"gave at launch, more than its autodiff stack holds (compiler bug)", []))
+                else:
+                    table.append((f"the serial loop{where} ran more than {cap} iterations in one thread, more "
+                                  f"than its autodiff stack holds; raise the limit with "
+                                  f"ti.init(ad_stack_size=...) (it is {cap})", []))
                 codes[id(s)] = len(table)
     return codes, table
 

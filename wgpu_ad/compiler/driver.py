@@ -17,11 +17,10 @@ from typing import Callable
 
 from .. import plan
 from ..errors import CompileError, debug_enabled
-from ..ir.clone import clone_kernel
 from ..ir.nodes import Kernel
 from ..passes.autodiff import NotFusable, reverse_kernel
 from ..passes.autodiff.access import footprint
-from ..passes.pipeline import optimize
+from ..passes.pipeline import lower_for_codegen, optimize
 from ..runtime.compiled import CompiledKernel
 from . import cache
 from .options import CompileOptions
@@ -63,12 +62,12 @@ def _optimize(ir: Kernel, opts: CompileOptions) -> Kernel:
 
 
 def _codegen(ir: Kernel, opts: CompileOptions, **plan_facts) -> CompiledKernel:
-    """Optimised IR -> CompiledKernel: the workgroup pre-reduction (a rewrite for the GPU, run on
-    a copy so the optimised IR stays what the passes made), WGSL, the launch plan."""
+    """Optimised IR -> CompiledKernel: the lowering passes (on a copy, so the optimised IR stays
+    what autodiff reads), WGSL, the launch plan."""
     from ..codegen.wgsl import generate
-    from ..passes.prereduce import prereduce
-    ck = generate(prereduce(clone_kernel(ir)), float_atomics=opts.float_atomics, debug=opts.debug,
-                  subgroups=opts.subgroups, grid_cap=opts.grid_cap)
+    low = lower_for_codegen(ir, print_ir=opts.print_ir, verify=opts.debug or debug_enabled())
+    ck = generate(low, float_atomics=opts.float_atomics, debug=opts.debug, subgroups=opts.subgroups,
+                  grid_cap=opts.grid_cap)
     if plan_facts:
         ck = dataclasses.replace(ck, plan=dataclasses.replace(ck.plan, **plan_facts))
     if opts.show_wgsl:

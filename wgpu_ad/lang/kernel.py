@@ -230,6 +230,15 @@ class Kernel:
             if not zero:
                 return g, specs, rt
 
+    def launch_fused(self, args) -> bool:
+        """Launch the forward and the adjoint as one fused kernel (passes/autodiff/fuse.py), for the
+        last launch of a tape; False (nothing launched) when they cannot be fused for these args."""
+        g, _specs, rt = self._get_grad(args, launching=True, fused=True)
+        if g is None or not g.fuse_check(args):
+            return False
+        launch(g, args, rt)
+        return True
+
     def footprint(self, *args) -> list[tuple]:
         """What this launch touches: (storage, kind, index) with kind 'load', 'store', 'add' (atomic
         add/sub) or 'atomic', and index a tuple with an int where the index is the same for every
@@ -268,16 +277,6 @@ class Kernel:
 
     def print_wgsl(self, *args) -> None:
         print(self.get_wgsl(*args))
-
-
-def launch_fused(k: Kernel, args) -> bool:
-    """Launch `k`'s forward and its adjoint as one fused kernel (passes/autodiff/fuse.py), for the
-    last launch of a tape; False (nothing launched) when they cannot be fused for these args."""
-    g, _specs, rt = k._get_grad(args, launching=True, fused=True)
-    if g is None or not g.fuse_check(args):
-        return False
-    launch(g, args, rt)
-    return True
 
 
 class _GradLauncher:

@@ -21,6 +21,11 @@ from ..runtime import device as _rt
 _live: "weakref.WeakSet[Storage]" = weakref.WeakSet()
 
 
+def live_storages() -> list:
+    """Every field and ndarray (gradients included) alive now."""
+    return list(_live)
+
+
 def _drop_buffers() -> None:
     for s in list(_live):
         s._buffer = None

@@ -1,6 +1,8 @@
-"""The ordered, named list of optimisation passes and the driver that runs them.
+"""The ordered, named lists of passes and the functions that run them.
 
-`optimize` runs the list until the IR stops changing (at most MAX_ROUNDS times). With
+PASSES optimise: `optimize` runs them until the IR stops changing (at most MAX_ROUNDS times).
+LOWERING rewrites the optimised IR for the GPU, once, on a copy just before code generation
+(`lower_for_codegen`): what autodiff reads and get_ir() shows stays the optimised IR. With
 print_ir=True, or WGPU_AD_PRINT_IR=1 in the environment, it prints the IR after each pass under
 a banner naming it; with verify=True it checks the IR after each pass and names the pass that
 broke it.
@@ -17,6 +19,7 @@ from .cse import cse
 from .dce import dce
 from .licm import licm
 from .mem2reg import mem2reg
+from .prereduce import prereduce
 from .simplify import constant_fold
 
 Pass = Callable[[Kernel], Kernel]
@@ -27,6 +30,10 @@ PASSES: list[tuple[str, Pass]] = [
     ("cse", cse),
     ("licm", licm),
     ("dce", dce),
+]
+
+LOWERING: list[tuple[str, Pass]] = [
+    ("prereduce", prereduce),
 ]
 
 MAX_ROUNDS = 4
@@ -63,4 +70,21 @@ def optimize(kernel: Kernel, *, print_ir: bool = False, verify: bool = False,
         text = format_kernel(kernel)
         if text == before:
             break
+    return kernel
+
+
+def lower_for_codegen(kernel: Kernel, *, print_ir: bool = False, verify: bool = False) -> Kernel:
+    """Run the LOWERING passes once over a copy of the optimised `kernel`; returns the copy."""
+    from ..ir.clone import clone_kernel
+    kernel = clone_kernel(kernel)
+    show = print_ir or print_ir_enabled()
+    for name, fn in LOWERING:
+        kernel = fn(kernel)
+        if verify:
+            try:
+                verify_ir(kernel)
+            except VerifyError as e:
+                raise VerifyError(f"after pass {name}: {e}") from e
+        if show:
+            print(f"{_banner(f'{kernel.name}: after {name}')}\n{format_kernel(kernel)}")
     return kernel
