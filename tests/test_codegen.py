@@ -12,7 +12,6 @@ import _wgsl_harness as H
 from _wgsl_harness import KB, arg, atomic, compile_run, load, store
 from wgpu_ad import plan
 from wgpu_ad.codegen import format_wgsl, generate
-from wgpu_ad.codegen import shaders
 from wgpu_ad.ir.nodes import Block
 from wgpu_ad.ir.ops import AtomicKind, Op
 from wgpu_ad.types import f32, i32, u1, u32
@@ -493,36 +492,3 @@ def test_unsupported_atomic_is_a_clear_error():
     atomic(b, AtomicKind.XOR, A, i, b.const(1.0, f32))
     with pytest.raises(Exception, match=r"atomic xor needs an integer buffer, 'a' holds f32"):
         generate(kb.kernel(), float_atomics=True, debug=False)
-
-
-def test_shader_loader_checks_template_variables():
-    text = shaders.load("atomics", "cas_f32", fn_name="f", buf="b", combine="old + operand")
-    assert "fn f(elem: i32, operand: f32) -> f32" in text and "{{" not in text
-    with pytest.raises(shaders.ShaderTemplateError, match="needs combine"):
-        shaders.load("atomics", "cas_f32", fn_name="f", buf="b")
-    with pytest.raises(shaders.ShaderTemplateError, match="has no variable extra"):
-        shaders.load("assert", "report_error", err="e", extra=1)
-    with pytest.raises(shaders.ShaderTemplateError, match="no snippet 'nope'"):
-        shaders.load("math", "nope")
-    assert set(shaders.snippets("math")) == {"floordiv_i32", "mod_i32", "pow_f32", "pow_i32", "pow_u32"}
-
-
-def test_shader_folder_installed_as_package_data(tmp_path, monkeypatch):
-    """The snippets are found in wgpu_ad/shaders when the repository's shaders/ is not there."""
-    pkg = tmp_path / "wgpu_ad" / "shaders"
-    pkg.mkdir(parents=True)
-    (pkg / "demo.wgsl").write_text("// file comment\n//! snippet one\nfn {{name}}() {}\n")
-    monkeypatch.setattr(shaders, "_CANDIDATES", (tmp_path / "shaders", pkg))
-    shaders._read.cache_clear()
-    shaders.snippets.cache_clear()
-    try:
-        assert shaders.shader_dir() == pkg
-        assert shaders.load("demo", "one", name="f") == "fn f() {}\n"
-        with pytest.raises(shaders.ShaderTemplateError, match="no WGSL snippet file"):
-            shaders.load("math", "pow_f32")
-        monkeypatch.setattr(shaders, "_CANDIDATES", (tmp_path / "nowhere",))
-        with pytest.raises(shaders.ShaderTemplateError, match="snippets were not found"):
-            shaders.shader_dir()
-    finally:
-        shaders._read.cache_clear()
-        shaders.snippets.cache_clear()

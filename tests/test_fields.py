@@ -264,8 +264,10 @@ def test_layout_errors():
     y = ti.field(ti.f32, shape=4, name="y")
     with pytest.raises(WgpuAdError, match=r"field 'y' already has shape \(4,\)"):
         ti.root.place(y)
-    with pytest.raises(WgpuAdError, match="place\\(\\) takes fields"):
-        ti.root.dense(ti.i, 2).place(np.zeros(2))
+    not_placeable = (np.zeros(2), ti.ndarray(ti.f32, shape=2), ti.field(ti.f32, shape=2, needs_grad=True).grad)
+    for bad in not_placeable:  # a NumPy array, an ndarray (a storage, not a field), a gradient field
+        with pytest.raises(WgpuAdError, match="place\\(\\) takes fields"):
+            ti.root.dense(ti.i, 2).place(bad)
     with pytest.raises(WgpuAdError, match="axes must be ti.i, ti.j"):
         ti.root.dense(0, 4)
     with pytest.raises(WgpuAdError, match="2 axes need 2 sizes"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import wgpu
 
-from wgpu_ad.codegen import shaders
+from wgpu_ad import shaders
 from wgpu_ad.errors import GpuError
 from wgpu_ad.runtime import device as _rt
 

@@ -2,6 +2,8 @@
 
     report = ti.ad.check_grad(forward, loss=L, inputs=[x, w])   # raises GradCheckError on mismatch
 
+(check_grad itself is in check.py: it needs the Tape, and tape.py imports this module.)
+
 `forward` runs the kernels that compute L from the inputs. The check runs it once under a tape
 (analytic gradients), remembering the value of every field the kernels write before its first
 write. Then, for each checked element x_i, it puts those values back, sets x_i to x_i ± h, runs
@@ -29,7 +31,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import WgpuAdError
-from .naming import describe, name_of
+from .naming import name_of
 
 EPS_F32 = float(np.finfo(np.float32).eps)
 STEP = EPS_F32 ** (1 / 3)  # ~4.9e-3: truncation h^2 vs rounding eps/h balance
@@ -308,56 +310,6 @@ def run_check(start: Snapshot, loss, inputs: Sequence, replay: Callable[[], None
     if raise_on_fail and not report.ok:
         raise GradCheckError(_failure_message(report), report)
     return report
-
-
-def _as_list(inputs) -> list:
-    if hasattr(inputs, "gpu_buffer"):
-        return [inputs]
-    return list(inputs)
-
-
-def check_grad(forward: Callable[[], None], loss, inputs, *, eps: float | None = None,
-               rtol: float = 1e-2, atol: float | None = None, max_elements: int = 64, seed: int = 0,
-               raise_on_fail: bool = True) -> GradCheckReport:
-    """Check the gradients of `loss` with respect to `inputs` against central differences.
-
-    forward: a function with no arguments that launches the kernels computing `loss` (a 0-d
-        float field with needs_grad=True) from `inputs` (fields / ndarrays with needs_grad=True).
-        It is run once under a ti.ad.Tape and then four times per checked element (steps h and
-        2h); it need not reset the loss (the fields its kernels write are restored before each
-        run) but must not overwrite the inputs.
-    eps: the finite-difference step h (default ~5e-3 * max(1, |x|) per element).
-    rtol, atol: an element passes when |analytic - numeric| <= atol + |n(h) - n(2h)| +
-        rtol * max(|a|, |n|); atol defaults to the loss's rounding noise over the step.
-    max_elements: check at most this many elements per input (a random subset, seeded by
-        `seed`), plus one random direction through all elements when some are left out.
-    raise_on_fail: raise GradCheckError naming the field and its worst element (default), or
-        return the report with report.ok False.
-
-    Clears all gradients (like ti.ad.Tape) and leaves the inputs' .grad holding the analytic
-    gradients.
-    """
-    from .tape import Tape
-    inputs = _as_list(inputs)
-    if not callable(forward):
-        raise WgpuAdError(f"check_grad: forward must be a function that launches the kernels, got "
-                          f"{type(forward).__name__}")
-    for x in inputs:
-        if not hasattr(x, "gpu_buffer"):
-            raise WgpuAdError(f"check_grad: inputs must be fields or ndarrays, got {type(x).__name__}")
-        if not x.needs_grad:
-            raise WgpuAdError(f"check_grad: input {describe(x)} has no gradient: create it with "
-                              f"needs_grad=True (or call ti.root.lazy_grad())")
-    if not (isinstance(max_elements, int) and max_elements >= 1):
-        raise WgpuAdError(f"check_grad: max_elements must be an int >= 1, got {max_elements!r}")
-    if eps is not None and not eps > 0:
-        raise WgpuAdError(f"check_grad: eps must be > 0, got {eps!r}")
-    tape = Tape(loss=loss)
-    tape._snapshot_writes = True
-    with tape:
-        forward()
-    return run_check(tape._snapshot, loss, inputs, forward, eps=eps, rtol=rtol, atol=atol,
-                     max_elements=max_elements, seed=seed, raise_on_fail=raise_on_fail)
 
 
 def check_recorded(tape, inputs) -> GradCheckReport:

@@ -17,7 +17,7 @@ from ..ir.ops import AtomicKind, Op
 from ..ir.utils import jumps_to_loop
 from ..runtime.compiled import ERROR_WORDS, BindingSpec, CompiledKernel, CompiledTask
 from ..types import DType, f16, f32, i32, u1, u32
-from . import shaders
+from .. import shaders
 from .names import Namer, identifiers
 from .ops_table import ALU, MATH_HELPERS, convert, literal, spell, zero
 from .plan import stack_words, task_plan, words_of

@@ -191,13 +191,27 @@ atomic_and = _atomic(AtomicKind.AND)
 atomic_or = _atomic(AtomicKind.OR)
 atomic_xor = _atomic(AtomicKind.XOR)
 
-# Python builtins that kernels may call, lowered like their ti.* counterparts
-PY_BUILTINS = {
-    _py.abs: abs, _py.max: max, _py.min: min, _py.pow: pow, _py.round: round,
-    math.sin: sin, math.cos: cos, math.tan: tan, math.asin: asin, math.acos: acos, math.atan: atan,
-    math.atan2: atan2, math.tanh: tanh, math.exp: exp, math.log: log, math.sqrt: sqrt,
-    math.floor: floor, math.ceil: ceil, math.pow: pow,
+# Python's own functions that kernels may call, by the op they compute: each is lowered like its
+# ti.* counterpart, the Builtin next to it. A test checks every ALU op is here or in _NO_PY_FUNCTION.
+_PY_FUNCTIONS = {
+    Op.ABS: (abs, [_py.abs]), Op.MAX: (max, [_py.max]), Op.MIN: (min, [_py.min]),
+    Op.POW: (pow, [_py.pow, math.pow]), Op.ROUND: (round, [_py.round]),
+    Op.SIN: (sin, [math.sin]), Op.COS: (cos, [math.cos]), Op.TAN: (tan, [math.tan]),
+    Op.ASIN: (asin, [math.asin]), Op.ACOS: (acos, [math.acos]), Op.ATAN: (atan, [math.atan]),
+    Op.ATAN2: (atan2, [math.atan2]), Op.TANH: (tanh, [math.tanh]), Op.EXP: (exp, [math.exp]),
+    Op.LOG: (log, [math.log]), Op.SQRT: (sqrt, [math.sqrt]), Op.FLOOR: (floor, [math.floor]),
+    Op.CEIL: (ceil, [math.ceil]),
 }
+# ALU ops with no Python function above, on purpose
+_NO_PY_FUNCTION = frozenset({
+    # written with an operator (lower.py's visit_BinOp / UnaryOp / Compare / BoolOp / IfExp)
+    Op.NEG, Op.NOT, Op.BIT_NOT, Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.FLOORDIV, Op.MOD,
+    Op.BIT_AND, Op.BIT_OR, Op.BIT_XOR, Op.SHL, Op.SHR, Op.AND, Op.OR,
+    Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE, Op.SELECT,
+    Op.CAST,                        # int(x), float(x), ti.f32(x): methods.lower_call
+    Op.SIGN, Op.RSQRT, Op.BITCAST,  # Python has no such function (math.copysign is not sign)
+})
+PY_BUILTINS = {f: b for b, fs in _PY_FUNCTIONS.values() for f in fs}
 
 
 def lower_int(o: Ops, x):

@@ -6,7 +6,7 @@ import ast
 from ..errors import CompileError
 from ..ir.ops import Op
 from ..types import u1
-from .lower import FuncLowerer, ReturnCtx, _contains_return
+from .context import ReturnCtx
 from .refs import LocalRef
 from .values import Mat, dtype_of_entries, is_static
 
@@ -20,7 +20,7 @@ def _return_kind(tree: ast.FunctionDef) -> str:
     return "flag"
 
 
-def inline_func(fl: FuncLowerer, func, args: list, kwargs: dict, node: ast.Call):
+def inline_func(fl, func, args: list, kwargs: dict, node: ast.Call):
     pf = func.parsed()
     if func in fl.k.call_stack:
         raise fl.error(node, f"@ti.func '{pf.fn.__name__}' calls itself; recursion is not supported in kernels "
@@ -41,7 +41,7 @@ def inline_func(fl: FuncLowerer, func, args: list, kwargs: dict, node: ast.Call)
         bound[k] = v
     scope = {}
     sub_ret = ReturnCtx(_return_kind(pf.tree))
-    sub = FuncLowerer(fl.k, pf, [scope], sub_ret)
+    sub = fl.for_callee(pf, scope, sub_ret)
     for n in names:
         if n not in bound:
             if n not in defaults:

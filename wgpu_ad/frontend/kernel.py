@@ -19,8 +19,9 @@ from ..ir.ops import Op
 from ..types import DType, MatrixType, VectorType, i32, u32
 from . import builtins as B
 from .loops import analyze_iter, bind_targets, loop_var_name, trip_count
-from .lower import FuncLowerer, LoopCtx, ParsedFunc, ReturnCtx
-from .methods import loop_config as _loop_config_marker
+from .context import LoopCtx, ParsedFunc, ReturnCtx
+from .lower import FuncLowerer
+from .methods import loop_config as _loop_config_marker, static
 from .values import Mat, Ops, is_static
 
 
@@ -139,7 +140,6 @@ def _resolve(g: dict, node):
 
 
 def _loop_is_static(fl: FuncLowerer, node: ast.For) -> bool:
-    from .methods import static
     it = node.iter
     return isinstance(it, ast.Call) and _resolve(fl.globals, it.func) is static
 

@@ -14,6 +14,8 @@ from ..errors import CompileError
 from ..ir.nodes import Block
 from ..ir.ops import Op
 from ..types import i32
+from .context import LoopCtx
+from .methods import field_like, static
 from .values import Mat, is_static
 
 
@@ -64,7 +66,6 @@ class LoopSpec:
 
 
 def analyze_iter(fl, node: ast.For) -> LoopSpec:
-    from .methods import field_like, static
     it = node.iter
     if isinstance(it, ast.Call):
         callee = fl.visit(it.func)
@@ -138,7 +139,6 @@ def trip_count(fl, lo, hi, step: int):
 
 
 def lower_serial_for(fl, node: ast.For) -> None:
-    from .lower import LoopCtx
     spec = analyze_iter(fl, node)
     if spec.static_items is not None:
         for item in spec.static_items:

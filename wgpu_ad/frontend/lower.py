@@ -7,21 +7,19 @@ from __future__ import annotations
 
 import ast
 import builtins as _pybuiltins
-import inspect
-import textwrap
-from dataclasses import dataclass, field
-from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import CompileError, SourceLoc, UnsupportedError, WgpuAdError
+from ..errors import CompileError, UnsupportedError, WgpuAdError
 from ..ir.builder import Builder
 from ..ir.nodes import Block, Stmt
 from ..ir.ops import AtomicKind, Op
-from ..types import DType, MatrixType, VectorType, f32, i32, to_dtype, u1
-from . import builtins as B
-from .refs import GlobalRef, LocalRef, Ref, component_ref, swizzle_indices, swizzle_ref
-from .values import Mat, Ops, dtype_of, dtype_of_entries, is_static
+from ..types import DType, MatrixType, VectorType, f32, i32, u1
+from .context import LoopCtx, ParsedFunc, ReturnCtx, contains_return, static_globals
+from .loops import lower_serial_for
+from .methods import MatMethod, eval_ref_or_value, lower_call, make_ref
+from .refs import GlobalRef, LocalRef, Ref, swizzle_indices
+from .values import Mat, Ops, dtype_of_entries, is_static
 
 _BINOPS = {ast.Add: Op.ADD, ast.Sub: Op.SUB, ast.Mult: Op.MUL, ast.Div: Op.DIV,
            ast.FloorDiv: Op.FLOORDIV, ast.Mod: Op.MOD, ast.Pow: Op.POW, ast.LShift: Op.SHL,
@@ -30,85 +28,6 @@ _CMPOPS = {ast.Lt: Op.LT, ast.LtE: Op.LE, ast.Gt: Op.GT, ast.GtE: Op.GE, ast.Eq:
 # augmented assignment on a field element is atomic, as in Taichi
 _ATOMIC_AUG = {ast.Add: AtomicKind.ADD, ast.Sub: AtomicKind.SUB, ast.BitAnd: AtomicKind.AND,
                ast.BitOr: AtomicKind.OR, ast.BitXor: AtomicKind.XOR}
-
-
-@dataclass
-class ParsedFunc:
-    """A user function's AST with what is needed to point at its source lines."""
-
-    fn: Callable
-    tree: ast.FunctionDef
-    file: str
-    line_offset: int
-    lines: list[str]
-    assign_counts: dict[str, int]
-
-    @classmethod
-    def parse(cls, fn: Callable) -> "ParsedFunc":
-        try:
-            src_lines, start = inspect.getsourcelines(fn)
-        except (OSError, TypeError) as e:
-            raise WgpuAdError(f"cannot read the source of {fn.__qualname__}: kernels must be defined in a file") from e
-        src = textwrap.dedent("".join(src_lines))
-        tree = ast.parse(src).body[0]
-        if not isinstance(tree, ast.FunctionDef):
-            raise WgpuAdError(f"{fn.__qualname__} is not a plain function definition")
-        counts: dict[str, int] = {}
-        for node in ast.walk(tree):
-            targets = []
-            if isinstance(node, ast.Assign):
-                targets = node.targets
-            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-                targets = [node.target]
-                if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
-                    counts[node.target.id] = counts.get(node.target.id, 0) + 1
-            for t in targets:
-                for n in ast.walk(t):
-                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-                        counts[n.id] = counts.get(n.id, 0) + 1
-                root = t
-                while isinstance(root, (ast.Subscript, ast.Attribute)):
-                    root = root.value
-                if root is not t and isinstance(root, ast.Name):
-                    counts[root.id] = counts.get(root.id, 0) + 2  # v[0] = ... mutates v
-        return cls(fn, tree, fn.__code__.co_filename, start - 1, src_lines, counts)
-
-    def loc(self, node: ast.AST) -> SourceLoc:
-        ln = getattr(node, "lineno", self.tree.lineno)
-        col = getattr(node, "col_offset", 0)
-        text = self.lines[ln - 1] if 0 < ln <= len(self.lines) else ""
-        # dedent shifted columns; re-add the original indentation
-        indent = len(self.lines[0]) - len(self.lines[0].lstrip()) if self.lines else 0
-        return SourceLoc(self.file, ln + self.line_offset, col + indent, text, self.fn.__name__)
-
-
-def static_globals(fn: Callable) -> dict:
-    g = dict(fn.__globals__)
-    if fn.__closure__:
-        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__):
-            try:
-                g[name] = cell.cell_contents
-            except ValueError:
-                pass
-    return g
-
-
-@dataclass
-class LoopCtx:
-    kind: str                   # 'serial' | 'parallel' | 'static'
-    stmt: Any = None
-
-
-@dataclass
-class ReturnCtx:
-    """How `return` works in the function being lowered."""
-
-    kind: str                   # 'kernel' | 'tail' | 'flag'
-    value: Any = None
-    flag: Stmt | None = None
-    slots: LocalRef | None = None
-    entry: Block | None = None
-    loop_depth: int = 0         # serial loops entered inside this function
 
 
 class FuncLowerer(ast.NodeVisitor):
@@ -123,6 +42,10 @@ class FuncLowerer(ast.NodeVisitor):
         self.scopes = scopes
         self.ret = ret
         self.loops: list[LoopCtx] = []
+
+    def for_callee(self, pf: ParsedFunc, scope: dict, ret: ReturnCtx) -> "FuncLowerer":
+        """A lowerer for an inlined ti.func's body (inline.py), emitting into the same kernel."""
+        return FuncLowerer(self.k, pf, [scope], ret)
 
     # ---- errors and locations -------------------------------------------------------------
     def error(self, node: ast.AST, msg: str, cls=CompileError) -> CompileError:
@@ -202,7 +125,7 @@ class FuncLowerer(ast.NodeVisitor):
             self.visit(st)
             if isinstance(st, (ast.Return, ast.Break, ast.Continue)):
                 return  # the rest of the block is unreachable
-            if self.ret.kind == "flag" and _contains_return(st) and k + 1 < len(stmts):
+            if self.ret.kind == "flag" and contains_return(st) and k + 1 < len(stmts):
                 cond = self.b.emit(Op.NOT, [self.b.load(self.ret.flag)])
                 s = self.b.if_(cond)
                 with self.b.at(s.blocks[0]):
@@ -337,7 +260,7 @@ class FuncLowerer(ast.NodeVisitor):
 
     def _after_loop(self, node):
         # a `return` inside the loop broke out of it; keep leaving enclosing loops of the function
-        if self.ret.kind == "flag" and _contains_return(node) and self.ret.loop_depth > 0:
+        if self.ret.kind == "flag" and contains_return(node) and self.ret.loop_depth > 0:
             s = self.b.if_(self.b.load(self.ret.flag))
             with self.b.at(s.blocks[0]):
                 self.b.emit(Op.BREAK)
@@ -401,7 +324,6 @@ class FuncLowerer(ast.NodeVisitor):
     def visit_For(self, node: ast.For):
         if node.orelse:
             raise self.error(node, "for/else is not supported in kernels", UnsupportedError)
-        from .loops import lower_serial_for
         lower_serial_for(self, node)
 
     # ---- expressions ----------------------------------------------------------------------
@@ -511,7 +433,6 @@ class FuncLowerer(ast.NodeVisitor):
             raise self.error(target, "unsupported loop target")
 
     def visit_Attribute(self, node: ast.Attribute):
-        from .methods import eval_ref_or_value
         return self.value(eval_ref_or_value(self, node))
 
     def _attr_value(self, base, node: ast.Attribute):
@@ -539,11 +460,9 @@ class FuncLowerer(ast.NodeVisitor):
             return getattr(m, node.attr)
         if node.attr == "shape":
             return m.shape
-        from .methods import MatMethod
         return MatMethod(m, node.attr, node)
 
     def visit_Subscript(self, node: ast.Subscript):
-        from .methods import eval_ref_or_value
         return self.value(eval_ref_or_value(self, node))
 
     def _index_static(self, base, key, node):
@@ -595,11 +514,9 @@ class FuncLowerer(ast.NodeVisitor):
         raise self.error(node, "f-strings are not supported in kernels", UnsupportedError)
 
     def ref(self, node: ast.expr) -> Ref:
-        from .methods import make_ref
         return make_ref(self, node)
 
     def visit_Call(self, node: ast.Call):
-        from .methods import lower_call
         return lower_call(self, node)
 
 
@@ -621,10 +538,6 @@ def _norm_index(fl: FuncLowerer, k: int, n: int, node) -> int:
 
 def _is_loop_var(v) -> bool:
     return isinstance(v, Stmt) and v.op is Op.LOOP_INDEX
-
-
-def _contains_return(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.Return) for n in ast.walk(node))
 
 
 def _construct_name(node: ast.AST) -> str:

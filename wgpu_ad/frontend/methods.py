@@ -10,6 +10,7 @@ from ..ir.nodes import Stmt
 from ..ir.ops import Op
 from ..types import DType, MatrixType, VectorType, f32, i32, to_dtype, u1
 from . import builtins as B
+from .inline import inline_func
 from .refs import (GlobalRef, LocalRef, Ref, bounds_assert, component_ref, linear_index,
                    swizzle_ref)
 from .values import Mat, Ops, dtype_of, is_static
@@ -241,7 +242,6 @@ def lower_call(fl, node: ast.Call):
         except TypeError as e:
             raise fl.error(node, f"bad arguments to ti.{callee.name}(): {e}") from None
     if getattr(callee, "_wgpu_ad_func", False):
-        from .inline import inline_func
         args, kwargs = _args(fl, node)
         return inline_func(fl, callee, args, kwargs, node)
     if getattr(callee, "_wgpu_ad_kernel", False):

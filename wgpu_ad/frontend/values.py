@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..errors import CompileError
 from ..ir.builder import Builder
 from ..ir.nodes import Stmt
-from ..ir.ops import Op
+from ..ir.ops import GroupOp, Op
 from ..types import DType, f32, i32, promote, u1, u32
 
 Scalar = "Stmt | int | float | bool"
@@ -94,6 +94,10 @@ _PY_UNARY = {
     Op.RSQRT: lambda x: 1 / math.sqrt(x), Op.FLOOR: math.floor, Op.CEIL: math.ceil, Op.ROUND: round,
     Op.SIGN: lambda x: (x > 0) - (x < 0),
 }
+# unary ops left out of _PY_UNARY on purpose: conversions go through Ops.cast, never Ops.unary
+_NO_PY_UNARY = frozenset({Op.CAST, Op.BITCAST})
+# unary ops that take only floats: an integer or boolean argument is converted to f32 first
+_FLOAT_UNARY = GroupOp.Unary & GroupOp.FloatOnly
 
 
 class Ops:
@@ -145,8 +149,7 @@ class Ops:
             return _PY_UNARY[op](x)
         if op is Op.NOT:
             return self.b.emit(Op.NOT, [self.truth(x)])
-        if op in (Op.SIN, Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.TANH, Op.EXP, Op.LOG,
-                  Op.SQRT, Op.RSQRT, Op.FLOOR, Op.CEIL, Op.ROUND) and not x.dtype.is_float:
+        if op in _FLOAT_UNARY and not x.dtype.is_float:
             x = self.b.cast(x, f32)
         if x.dtype == u1 and op in (Op.NEG, Op.ABS, Op.BIT_NOT):
             x = self.b.cast(x, i32)

@@ -84,12 +84,12 @@ class SNode:
 
     def place(self, *fields, offset=None) -> "SNode":
         """Give each field this level's shape. Returns self, so calls chain."""
-        from .field import Field  # field.py imports this module
         if offset is not None:
             raise WgpuAdError("place(..., offset=...) is not supported: wgpu_ad fields start at index 0")
         shape = self.shape
         for f in fields:
-            if not isinstance(f, Field) or f.is_grad:
+            # a Field, known by its class marker: field.py imports this module, not the reverse
+            if getattr(f, "is_field", False) is not True or f.is_grad:
                 raise WgpuAdError(f"place() takes fields made with ti.field / ti.Vector.field without "
                                   f"shape=, got {f!r}")
             f._place(shape)

@@ -28,7 +28,17 @@ from ...ir.nodes import Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
 
 MAX_TERMS = 512
+# Every ALU op is decided (a test checks it): a smooth function kept as an atom of the form ...
 _SMOOTH = frozenset({Op.SQRT, Op.RSQRT, Op.SIN, Op.COS, Op.TAN, Op.EXP, Op.LOG, Op.TANH, Op.POW})
+# ... or arithmetic of the forms themselves, each with its rule in _Forms._form (CAST: int -> float)
+_OWN_RULE = frozenset({Op.ADD, Op.SUB, Op.NEG, Op.MUL, Op.DIV, Op.CAST})
+# ... or "not proven": kinks and steps (a tie rule may pick a side), integer and boolean ops
+_NOT_SMOOTH = frozenset({Op.ABS, Op.SIGN, Op.FLOOR, Op.CEIL, Op.ROUND, Op.MIN, Op.MAX, Op.SELECT,
+                         Op.FLOORDIV, Op.MOD, Op.NOT, Op.BIT_NOT, Op.BIT_AND, Op.BIT_OR, Op.BIT_XOR,
+                         Op.SHL, Op.SHR, Op.AND, Op.OR, Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE})
+# ... or "not proven" for now: smooth where defined, but no pair kernel has needed them yet, and
+# BITCAST (ti.stop_grad), whose zero derivative a form cannot carry
+_NOT_MODELLED = frozenset({Op.ASIN, Op.ACOS, Op.ATAN, Op.ATAN2, Op.BITCAST})
 _I, _J = ("i",), ("j",)
 
 

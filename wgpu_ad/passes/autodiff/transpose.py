@@ -32,10 +32,10 @@ all: the gradients of the loads of i count twice instead (symmetry.py, tried fir
 And when it pays. The loop's constant trip count must give the transposed task at least
 `min_threads` threads (Runtime.min_parallel: what fills the cores). The replay the split adds
 must cost less than the subgroup sums it removes: the loop body's arithmetic, counted with the
-weights of _WEIGHT (the rest count 1), may be at most SUM_COST per moved load. Measured on
-lavapipe, the gravity energy with extra terms, 2 moved loads, adjoint time split / unsplit:
-weight 21 (the plain energy) 2.7 / 5.0 ms; 85 (cheap arithmetic) 6.3 / 7.4 ms; 66 (a sin and a
-cos) 4.9 / 6.5 ms; 111 7.5 / 7.8 ms; 201 12.9 / 10.4-13.8 ms; 381 24.0 / 16.5 ms.
+weights of _WEIGHT (_WEIGHT_ONE count 1, _UNWEIGHTED 0), may be at most SUM_COST per moved load.
+Measured on lavapipe, the gravity energy with extra terms, 2 moved loads, adjoint time split /
+unsplit: weight 21 (the plain energy) 2.7 / 5.0 ms; 85 (cheap arithmetic) 6.3 / 7.4 ms; 66 (a sin
+and a cos) 4.9 / 6.5 ms; 111 7.5 / 7.8 ms; 201 12.9 / 10.4-13.8 ms; 381 24.0 / 16.5 ms.
 """
 from __future__ import annotations
 
@@ -52,12 +52,21 @@ _REFUSED_IN_LOOP = frozenset({Op.GLOBAL_STORE, Op.RANDOM, Op.WHILE, Op.BREAK, Op
 _PREFIX_OPS_REFUSED = _REFUSED_IN_LOOP | frozenset({Op.ATOMIC, Op.IF, Op.RANGE_FOR, Op.ALLOCA,
                                                     Op.LOCAL_LOAD, Op.LOCAL_STORE})
 SUM_COST = 48  # what one subgroup-summed atomic add per iteration saves, in _WEIGHT units
+# the costly ops: transcendentals, divisions and roots, loads
 _WEIGHT = {**{op: 20 for op in (Op.SIN, Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.TANH, Op.EXP,
                                 Op.LOG, Op.POW, Op.ATAN2)},
            **{op: 4 for op in (Op.DIV, Op.FLOORDIV, Op.MOD, Op.SQRT, Op.RSQRT)},
            Op.GLOBAL_LOAD: 2}
+# one unit each: cheap arithmetic, comparisons, selects, atomic adds
+_WEIGHT_ONE = frozenset({Op.NEG, Op.ABS, Op.SIGN, Op.FLOOR, Op.CEIL, Op.ROUND, Op.NOT, Op.BIT_NOT,
+                         Op.CAST, Op.BITCAST, Op.ADD, Op.SUB, Op.MUL, Op.MIN, Op.MAX, Op.BIT_AND,
+                         Op.BIT_OR, Op.BIT_XOR, Op.SHL, Op.SHR, Op.AND, Op.OR, Op.LT, Op.LE, Op.GT,
+                         Op.GE, Op.EQ, Op.NE, Op.SELECT, Op.ATOMIC})
+# free: constants, arguments, indices, registers, structure
 _UNWEIGHTED = frozenset({Op.CONST, Op.ARG, Op.LOOP_INDEX, Op.ALLOCA, Op.LOCAL_LOAD, Op.LOCAL_STORE, Op.IF,
                          Op.RANGE_FOR, Op.ASSERT})
+# every op the loop body may hold (_REFUSED_IN_LOOP never reaches the weighing); a test checks it
+_COST = {**dict.fromkeys(_WEIGHT_ONE, 1), **dict.fromkeys(_UNWEIGHTED, 0), **_WEIGHT}
 
 
 @dataclass
@@ -112,7 +121,7 @@ def split_pair_task(t: Task, orig: Task, flags: set, grads: dict, min_threads: i
         double = {id(s) for s in walk(t.body) if s.op is Op.GLOBAL_LOAD and id(s.attr) in grads
                   and id(s.args[0]) in on_i and id(s.args[0]) not in on_j}
         return Split(None, moved, set(), {}, None, double)
-    if sum(_WEIGHT.get(s.op, 0 if s.op in _UNWEIGHTED else 1) for s in inner) > SUM_COST * len(moved):
+    if sum(_COST[s.op] for s in inner) > SUM_COST * len(moved):
         return None
     tt, m = _transposed(t, prefix, loop)
     # the loads of x[j] are loop-invariant now: out of the loop, their gradients are summed in

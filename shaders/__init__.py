@@ -2,8 +2,9 @@
 
 Templates write variables as {{name}}. A file may hold several snippets, each starting with a
 line `//! snippet NAME`; text before the first marker is a file comment and is dropped.
-The folder is shaders/ at the repository root in a checkout, or wgpu_ad/shaders when installed
-as package data; both are tried.
+This module lives with the .wgsl files: the checkout's shaders/ folder is the package
+wgpu_ad.shaders (pyproject's package-dir), and the files ship as its package data. The compiler
+(codegen/wgsl.py) and the viewer both load their WGSL here; neither reaches into the other.
 """
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from pathlib import Path
 
 from ..errors import WgpuAdError
 
-_PKG = Path(__file__).resolve().parent.parent          # .../wgpu_ad
-_CANDIDATES = (_PKG.parent / "shaders", _PKG / "shaders")
+_DIR = Path(__file__).resolve().parent  # the .wgsl files sit next to this module
 _VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 _MARK = re.compile(r"^//! snippet ([A-Za-z_][A-Za-z0-9_]*)\s*$", re.M)
 
@@ -24,13 +24,11 @@ class ShaderTemplateError(WgpuAdError):
 
 
 def shader_dir() -> Path:
-    for d in _CANDIDATES:
-        if d.is_dir():
-            return d
+    if _DIR.is_dir() and any(_DIR.glob("*.wgsl")):
+        return _DIR
     raise ShaderTemplateError(
-        "wgpu_ad's WGSL snippets were not found; looked in "
-        + " and ".join(str(d) for d in _CANDIDATES)
-        + ". Reinstall wgpu_ad so that its shaders/ folder is included.")
+        f"wgpu_ad's WGSL snippets were not found in {_DIR}. Reinstall wgpu_ad so that its "
+        f"shaders/*.wgsl files are included.")
 
 
 @lru_cache(maxsize=None)

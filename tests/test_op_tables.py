@@ -1,0 +1,160 @@
+"""Every table keyed by op decides every op of its group: each op is in the table or in the named
+set next to it that leaves it out on purpose, so a new op fails here, naming the table to edit.
+Where a table's entries can be checked against an independent answer (ir/semantics.py, the IR a
+value lowers to), that is checked too. No GPU needed.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from wgpu_ad.frontend import builtins as B
+from wgpu_ad.frontend import values as V
+from wgpu_ad.ir.builder import Builder
+from wgpu_ad.ir.nodes import ArgSlot, Stmt
+from wgpu_ad.ir.ops import GroupOp, Op
+from wgpu_ad.ir.semantics import evaluate
+from wgpu_ad.passes.autodiff import symmetry, transpose
+from wgpu_ad.types import f32, i32, u1
+
+
+def undecided(group, *tables: tuple[str, object]) -> list[str]:
+    """Messages for the ops of `group` in none of the named tables (name, set or dict)."""
+    names = " nor ".join(n for n, _ in tables)
+    return [f"Op.{op.name} is in neither {names}: decide it" for op in sorted(group, key=lambda o: o.name)
+            if not any(op in t for _, t in tables)]
+
+
+def overlapping(*tables: tuple[str, object]) -> list[str]:
+    out = []
+    for k, (na, a) in enumerate(tables):
+        for nb, b in tables[k + 1:]:
+            out += [f"Op.{op.name} is in both {na} and {nb}" for op in sorted(set(a) & set(b), key=lambda o: o.name)]
+    return out
+
+
+def check(group, *tables: tuple[str, object]) -> None:
+    problems = undecided(group, *tables) + overlapping(*tables)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_check_names_the_missing_op_and_the_tables():
+    problems = undecided({Op.ADD, Op.SUB}, ("t._A", {Op.ADD}), ("t._B", set()))
+    assert problems == ["Op.SUB is in neither t._A nor t._B: decide it"]
+    assert overlapping(("t._A", {Op.ADD}), ("t._B", {Op.ADD})) == ["Op.ADD is in both t._A and t._B"]
+
+
+# ---- frontend/values.py: folding compile-time constants, float-only unary ops ----------------
+
+def test_py_unary_decides_every_unary_op():
+    check(GroupOp.Unary, ("values._PY_UNARY", V._PY_UNARY), ("values._NO_PY_UNARY", V._NO_PY_UNARY))
+
+
+def test_py_binary_decides_every_binary_op():
+    check(GroupOp.Binary, ("values._PY_BINARY", V._PY_BINARY))
+
+
+_SAMPLE = {f32: 0.7, i32: 5, u1: True}
+
+
+def _operand_dtype(op: Op):
+    return u1 if op is Op.NOT else i32 if op in GroupOp.IntOnly else f32
+
+
+@pytest.mark.parametrize("op", sorted(V._PY_UNARY, key=lambda o: o.name), ids=lambda o: o.name)
+@pytest.mark.parametrize("sign", [1, -1])
+def test_py_unary_folds_like_the_reference_semantics(op, sign):
+    dt = _operand_dtype(op)
+    x = _SAMPLE[dt] if dt == u1 else sign * _SAMPLE[dt]
+    if op in (Op.LOG, Op.SQRT, Op.RSQRT) and x < 0:
+        x = -x
+    folded = V.Ops(Builder()).unary(op, x)
+    res_dt = u1 if op is Op.NOT else dt
+    want = evaluate(op, res_dt, np.bool_(x) if dt == u1 else dt.np.type(x))
+    assert float(folded) == pytest.approx(float(want), rel=1e-6), f"_PY_UNARY[Op.{op.name}]({x})"
+
+
+@pytest.mark.parametrize("op", sorted(GroupOp.Unary - V._NO_PY_UNARY - {Op.NOT}, key=lambda o: o.name),
+                         ids=lambda o: o.name)
+def test_float_only_unary_ops_convert_an_integer_to_f32(op):
+    b = Builder()
+    x = b.emit(Op.ARG, (), i32, ArgSlot("x", i32, 0))
+    r = V.Ops(b).unary(op, x)
+    assert r.op is op
+    if op in GroupOp.FloatOnly:
+        assert (r.args[0].op, r.args[0].dtype, r.dtype) == (Op.CAST, f32, f32), f"Op.{op.name} on an i32"
+    else:
+        assert r.args[0] is x and r.dtype == i32, f"Op.{op.name} on an i32"
+
+
+# ---- frontend/builtins.py: Python functions called in kernels -------------------------------
+
+def test_py_functions_decide_every_alu_op():
+    check(GroupOp.ALU, ("builtins._PY_FUNCTIONS", B._PY_FUNCTIONS), ("builtins._NO_PY_FUNCTION", B._NO_PY_FUNCTION))
+
+
+_PY_FUNCTION_CASES = [(op, f) for op, (_, fs) in sorted(B._PY_FUNCTIONS.items(), key=lambda kv: kv[0].name)
+                      for f in fs]
+
+
+@pytest.mark.parametrize("op, f", _PY_FUNCTION_CASES, ids=[f"{op.name}-{f.__module__}.{f.__name__}"
+                                                          for op, f in _PY_FUNCTION_CASES])
+def test_py_function_computes_its_op_and_lowers_to_it(op, f):
+    builtin, _ = B._PY_FUNCTIONS[op]
+    assert B.PY_BUILTINS[f] is builtin
+    args = (0.7, 0.4) if op in GroupOp.Binary else (0.7,)
+    want = evaluate(op, f32, *(np.float32(a) for a in args))
+    assert f(*args) == pytest.approx(float(want), rel=1e-6), f"{f.__name__} is not Op.{op.name}"
+    b = Builder()
+    xs = [b.emit(Op.ARG, (), f32, ArgSlot(f"x{k}", f32, k)) for k in range(len(args))]
+    r = builtin.lower(V.Ops(b), *xs)
+    assert r.op is op and r.args == xs, f"{f.__name__} lowers to Op.{r.op.name}, not Op.{op.name}"
+
+
+def test_py_builtins_is_the_python_functions_of_the_table():
+    assert {id(f) for f in B.PY_BUILTINS} == {id(f) for _, fs in B._PY_FUNCTIONS.values() for f in fs}
+    assert math.pow in B.PY_BUILTINS and abs in B.PY_BUILTINS
+
+
+# ---- passes/autodiff/transpose.py: the cost of a pair loop's body ---------------------------
+
+def test_transpose_weight_decides_every_op():
+    check(Op, ("transpose._WEIGHT", transpose._WEIGHT), ("transpose._WEIGHT_ONE", transpose._WEIGHT_ONE),
+          ("transpose._UNWEIGHTED", transpose._UNWEIGHTED), ("transpose._REFUSED_IN_LOOP", transpose._REFUSED_IN_LOOP))
+
+
+def test_transpose_cost_of_each_kind_of_op():
+    cost = transpose._COST
+    assert (cost[Op.SIN], cost[Op.DIV], cost[Op.GLOBAL_LOAD], cost[Op.ADD], cost[Op.ATOMIC], cost[Op.CONST]) == \
+        (20, 4, 2, 1, 1, 0)
+    assert set(cost) == set(Op) - transpose._REFUSED_IN_LOOP
+
+
+# ---- passes/autodiff/symmetry.py: which ops a symmetry proof models --------------------------
+
+_SYMMETRY_TABLES = (("symmetry._SMOOTH", symmetry._SMOOTH), ("symmetry._OWN_RULE", symmetry._OWN_RULE),
+                    ("symmetry._NOT_SMOOTH", symmetry._NOT_SMOOTH), ("symmetry._NOT_MODELLED", symmetry._NOT_MODELLED))
+
+
+def test_symmetry_decides_every_alu_op():
+    check(GroupOp.ALU, *_SYMMETRY_TABLES)
+
+
+def _form_of(op: Op):
+    """The canonical form of `op` applied to arguments (CAST: of an i32 one, SELECT: on a u1)."""
+    arity = 1 if op in GroupOp.Unary else 3 if op in GroupOp.Ternary else 2
+    dts = [i32] if op is Op.CAST else [u1, f32, f32] if op is Op.SELECT else [f32] * arity
+    args = [Stmt(Op.ARG, dt, attr=ArgSlot(f"x{k}", dt, k)) for k, dt in enumerate(dts)]
+    dtype = u1 if op in GroupOp.Comparison or op in (Op.AND, Op.OR, Op.NOT) else f32
+    return symmetry._Forms(None, None).of(Stmt(op, dtype, args))
+
+
+@pytest.mark.parametrize("op", sorted(GroupOp.ALU, key=lambda o: o.name), ids=lambda o: o.name)
+def test_symmetry_models_exactly_the_smooth_ops_and_own_rules(op):
+    if op in symmetry._SMOOTH | symmetry._OWN_RULE:
+        assert _form_of(op), f"Op.{op.name} has no canonical form"
+    else:
+        with pytest.raises(symmetry._NotProven):
+            _form_of(op)
