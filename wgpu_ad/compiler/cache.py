@@ -62,12 +62,14 @@ def directory(opts: CompileOptions) -> Path | None:
 
 
 def source_digest() -> bytes:
-    """Hash of the wgpu_ad package's .py files and its .wgsl shaders: any compiler change misses."""
+    """Hash of the wgpu_ad package's .py files and its shaders (the .wgsl files and their loader):
+    any compiler change misses."""
     if not _digest:
         pkg = Path(__file__).resolve().parent.parent
         files = sorted(pkg.rglob("*.py"))
-        for shaders in (pkg.parent / "shaders", pkg / "shaders"):  # as codegen/shaders.py looks
-            files += sorted(shaders.glob("*.wgsl"))
+        for shaders in (pkg.parent / "shaders", pkg / "shaders"):  # a checkout, an installed copy
+            files += sorted(shaders.glob("*.wgsl")) + sorted(shaders.glob("*.py"))
+        files = sorted(set(files))
         h = hashlib.sha256()
         for f in files:
             h.update(f.relative_to(pkg.parent).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
