@@ -7,8 +7,9 @@
 
 The kernel launcher tells the tape about every forward launch (state.on_launch); the tape only
 orders launches and calls `kernel.grad(*args)` (the generated adjoint) or a grad_replaced
-function's gradient in reverse. The last launch of a tape with a loss is held back (Tape.hold)
-until anything else reaches the device; when nothing did by the end of the block, it runs fused
+function's gradient in reverse. The last launch of a tape with a loss is deferred (Tape.defer,
+Runtime.defer) until anything else reaches the device; when nothing did by the end of the block, it
+runs fused
 with its adjoint in one launch (passes/autodiff/fuse.py), which saves a pass over its data.
 Before the backward pass the tape checks that a gradient can actually flow from the loss to
 something, and names the field that stops it: Taichi silently gives zero gradients there (or
@@ -141,7 +142,7 @@ class Tape:
         self._snapshot = None   # gradcheck.Snapshot of written fields (grad_check / check_grad)
         self._validator = None  # validate.Validator (validation=True)
         self._snapshot_writes = self.grad_check is not None
-        self._held: _Held | None = None  # the last launch, held back to run fused with its adjoint
+        self._held: _Held | None = None  # the last launch, deferred to run fused with its adjoint
 
     # ---- the with block -----------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""@ti.kernel and @ti.func: specialization, compilation (frontend -> passes -> WGSL) and launch."""
+"""@ti.kernel and @ti.func: argument specialization; compiling is compiler/driver.py's, launching
+lang/launch.py's."""
 from __future__ import annotations
 
 import inspect
