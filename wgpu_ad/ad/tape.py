@@ -9,8 +9,8 @@ The kernel launcher tells the tape about every forward launch (state.on_launch);
 orders launches and calls `kernel.grad(*args)` (the generated adjoint) or a grad_replaced
 function's gradient in reverse. The last launch of a tape with a loss is deferred (Tape.defer,
 Runtime.defer) until anything else reaches the device; when nothing did by the end of the block, it
-runs fused
-with its adjoint in one launch (passes/autodiff/fuse.py), which saves a pass over its data.
+runs fused with its adjoint in one launch (passes/autodiff/fuse.py), which saves a pass over its
+data.
 Before the backward pass the tape checks that a gradient can actually flow from the loss to
 something, and names the field that stops it: Taichi silently gives zero gradients there (or
 "Gradients of loss are not allocated").
