@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from ..ir.clone import clone_kernel
 from ..ir.nodes import Kernel
 from ..ir.printer import format_kernel
 from ..ir.verifier import VerifyError, verify as verify_ir
@@ -47,6 +48,19 @@ def _banner(title: str) -> str:
     return f"// ---- {title} " + "-" * max(0, 72 - len(title))
 
 
+def _run(kernel: Kernel, name: str, fn: Pass, *, verify: bool, show: bool, when: str = "") -> Kernel:
+    """One pass, then the verifier (naming the pass that broke the IR) and the printout."""
+    kernel = fn(kernel)
+    if verify:
+        try:
+            verify_ir(kernel)
+        except VerifyError as e:
+            raise VerifyError(f"after pass {name}{when}: {e}") from e
+    if show:
+        print(f"{_banner(f'{kernel.name}: after {name}{when}')}\n{format_kernel(kernel)}")
+    return kernel
+
+
 def optimize(kernel: Kernel, *, print_ir: bool = False, verify: bool = False,
              passes: list[tuple[str, Pass]] | None = None) -> Kernel:
     """Run the passes (PASSES by default) over `kernel` until a fixpoint; returns the kernel."""
@@ -58,15 +72,7 @@ def optimize(kernel: Kernel, *, print_ir: bool = False, verify: bool = False,
     for round_ in range(1, MAX_ROUNDS + 1):
         before = text
         for name, fn in passes:
-            kernel = fn(kernel)
-            if verify:
-                try:
-                    verify_ir(kernel)
-                except VerifyError as e:
-                    raise VerifyError(f"after pass {name} (round {round_}): {e}") from e
-            if show:
-                print(f"{_banner(f'{kernel.name}: after {name} (round {round_})')}\n"
-                      f"{format_kernel(kernel)}")
+            kernel = _run(kernel, name, fn, verify=verify, show=show, when=f" (round {round_})")
         text = format_kernel(kernel)
         if text == before:
             break
@@ -75,16 +81,8 @@ def optimize(kernel: Kernel, *, print_ir: bool = False, verify: bool = False,
 
 def lower_for_codegen(kernel: Kernel, *, print_ir: bool = False, verify: bool = False) -> Kernel:
     """Run the LOWERING passes once over a copy of the optimised `kernel`; returns the copy."""
-    from ..ir.clone import clone_kernel
     kernel = clone_kernel(kernel)
     show = print_ir or print_ir_enabled()
     for name, fn in LOWERING:
-        kernel = fn(kernel)
-        if verify:
-            try:
-                verify_ir(kernel)
-            except VerifyError as e:
-                raise VerifyError(f"after pass {name}: {e}") from e
-        if show:
-            print(f"{_banner(f'{kernel.name}: after {name}')}\n{format_kernel(kernel)}")
+        kernel = _run(kernel, name, fn, verify=verify, show=show)
     return kernel
