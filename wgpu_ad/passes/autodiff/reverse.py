@@ -57,6 +57,7 @@ class AdjointEmitter:
         # accumulator ALLOCA -> the block where it holds +0.0 (declared or reset there, nothing
         # accumulated since): the first contribution there initialises it (accumulate)
         self.unset: dict[int, Block] = {}
+        self.replayed: set[Stmt] = set()  # the adjoint task's `replay` (ir/nodes.py Task)
         self.stacks: dict[int, list] = {}   # loop -> [(primal alloca, STACK_ALLOC)]
         self.counters: dict[int, Stmt] = {}  # loop -> ALLOCA counting its iterations
         self.index_of: dict[int, Stmt] = {}  # loop -> iteration index while reversing it
@@ -333,6 +334,7 @@ class AdjointEmitter:
             self.root, self.in_branch = r.blocks[0], 0
             self.keep_effects = id(s) in self.effects_in_reverse
             self.fwd(s.blocks[0], record=True)
+            self.replayed.update(r.blocks[0].stmts)
             self.keep_effects = False
             self.rev(s.blocks[0])
             self.root, self.in_branch = saved
@@ -367,11 +369,14 @@ class AdjointEmitter:
             # adjoints flow back through the bounds statements at the end of the iteration
             self.declare_accumulators(t.bounds)
             self.keep_effects = self.effects
+            before = set(map(id, nt.body.stmts))
             self.fwd(t.body, record=True)
+            self.replayed.update(s for s in nt.body.stmts if id(s) not in before)
             self.keep_effects = False
             self.rev(t.body)
             self.rev(t.bounds, declare=False)
         nt.body.stmts[0:0] = self.stack_allocs
+        nt.replay = self.replayed
         return nt
 
 
