@@ -243,14 +243,14 @@ class TaskEmitter:
         return x
 
     # ---- statements ----
-    def block(self, blk: Block, depth: int, top: bool = False) -> None:
-        """A block's statements; in an adjoint, the task's body (top) and the bodies of its reverse
-        loops are bannered `// replay` (the forward's values computed again) and `// reverse`
-        (the adjoints), each where it writes code."""
+    def block(self, blk: Block, depth: int, body: bool = False) -> None:
+        """A block's statements. In an adjoint, the task's body and the bodies of its reverse
+        loops (body=True) are bannered `// replay` (the forward's values computed again) and
+        `// reverse` (the adjoints), each where it writes code."""
         self.vector_lets.append({})  # the vectors loaded in this block (visible in nested ones)
-        replay = self.task.replay or ()
-        last = max((k for k, s in enumerate(blk.stmts) if s in replay), default=-1)
-        if self.task.replay is None or not top and (last < 0 or last + 1 == len(blk.stmts)):
+        replay = self.task.replay if body else None
+        last = max((k for k, s in enumerate(blk.stmts) if s in replay), default=-1) if replay else -1
+        if replay is None or blk is not self.task.body and not 0 <= last < len(blk.stmts) - 1:
             parts = [(None, blk.stmts)]
         else:
             parts = [("replay", blk.stmts[:last + 1]), ("reverse", blk.stmts[last + 1:])]
@@ -385,7 +385,7 @@ class TaskEmitter:
         self.loop_var[id(s)] = var
         begin, end = (convert(self.ref(a), a.dtype, i32) for a in s.args)
         self.line(d, f"for (var {var}: i32 = {begin}; {var} < {end}; {var} += 1i) {{")
-        self.block(s.blocks[0], d + 1)
+        self.block(s.blocks[0], d + 1, body=True)
         self.line(d, "}")
 
     @property
@@ -463,7 +463,7 @@ class TaskEmitter:
             self.declare_stacks()
             if t.replay is None:
                 self.line(1, "// forward")
-            self.block(t.body, 1, top=True)
+            self.block(t.body, 1, body=True)
             self.line(0, "}")
             return self.lines
         self.line(0, f"@compute @workgroup_size({wg})")
@@ -505,7 +505,7 @@ class TaskEmitter:
         self.line(2, f"let {var} = range_begin + i32(iter);")
         if self.uses_random:
             self.line(2, f"rng_seed({self.seed_expr()}, u32({var}), {2 * self.task_index + 1}u);")
-        self.block(t.body, 2, top=True)
+        self.block(t.body, 2, body=True)
         self.line(1, "}")
         if t.epilogue.stmts:
             self.line(1, "// epilogue: one atomic per workgroup")
