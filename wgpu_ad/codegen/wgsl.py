@@ -21,6 +21,7 @@ from .. import shaders
 from .names import Namer, identifiers
 from .ops_table import ALU, MATH_HELPERS, convert, literal, spell, zero
 from .plan import stack_words, task_plan, words_of
+from .vectors import element_component, unused_addresses, vector_hint, vector_views
 
 INDENT = "    "
 DEFAULT_GRID_CAP = 65535  # WebGPU's minimum of max-compute-workgroups-per-dimension
@@ -112,7 +113,9 @@ class TaskEmitter:
                          for b in kernel.buffers if id(b) in self.uses}
         self.buf_mode = {id(b): self.uses[id(b)].mode(b, opts)
                          for b in kernel.buffers if id(b) in self.uses}
-        self.buf_view = {id(b): b.vector for b in kernel.buffers if self._vector_view(b)}
+        self.buf_view = vector_views(kernel.buffers, {k: u.addresses for k, u in self.uses.items() if not u.stores},
+                                     self.buf_mode)
+        self.unused = unused_addresses(task, self.buf_view)  # ids of ALU stmts written as no `let`
         self.vector_lets: list[dict] = []
         self.arg_member = self._arg_members()
         # one compare-exchange helper per (buffer, kind) of emulated float atomics
@@ -243,10 +246,23 @@ class TaskEmitter:
         return x
 
     # ---- statements ----
-    def block(self, blk: Block, depth: int) -> None:
+    def block(self, blk: Block, depth: int, body: bool = False) -> None:
+        """A block's statements. In an adjoint, the task's body and the bodies of its reverse
+        loops (body=True) are bannered `// replay` (the forward's values computed again) and
+        `// reverse` (the adjoints), each where it writes code."""
         self.vector_lets.append({})  # the vectors loaded in this block (visible in nested ones)
-        for s in blk.stmts:
-            self.stmt(s, depth)
+        replay = self.task.replay if body else None
+        last = max((k for k, s in enumerate(blk.stmts) if s in replay), default=-1) if replay else -1
+        if replay is None or blk is not self.task.body and not 0 <= last < len(blk.stmts) - 1:
+            parts = [(None, blk.stmts)]
+        else:
+            parts = [("replay", blk.stmts[:last + 1]), ("reverse", blk.stmts[last + 1:])]
+        for banner, stmts in parts:
+            mark = len(self.lines)
+            for s in stmts:
+                self.stmt(s, depth)
+            if banner and len(self.lines) > mark:
+                self.lines.insert(mark, INDENT * depth + f"// {banner}")
         self.vector_lets.pop()
 
     def stmt(self, s: Stmt, d: int) -> None:
@@ -254,6 +270,8 @@ class TaskEmitter:
         if op in (Op.CONST, Op.ARG, Op.LOOP_INDEX):
             return  # written inline where used
         if op in ALU:
+            if id(s) in self.unused:
+                return
             expr = spell(s, self.operands(s, d))
             if expr is None:
                 _fail(s, f"{op.name} has no WGSL spelling for {s.args[0].dtype} operands")
@@ -382,7 +400,7 @@ class TaskEmitter:
         self.loop_var[id(s)] = var
         begin, end = (convert(self.ref(a), a.dtype, i32) for a in s.args)
         self.line(d, f"for (var {var}: i32 = {begin}; {var} < {end}; {var} += 1i) {{")
-        self.block(s.blocks[0], d + 1)
+        self.block(s.blocks[0], d + 1, body=True)
         self.line(d, "}")
 
     @property
@@ -406,27 +424,17 @@ class TaskEmitter:
         self.line(d, "}")
 
     # ---- buffers ----
-    def _vector_view(self, buf: Buffer) -> bool:
-        """Read `buf` as an array of vec2 / vec4? When the task only reads it, its elements are 2
-        or 4 scalars of 4 bytes, and every load names an element and a component (address
-        e * C + k): one load and one bounds check per element instead of one per scalar, which
-        the shader compiler cannot merge itself (gravity's pair loop on lavapipe: 1.22 -> 0.91 ms)."""
-        use = self.uses.get(id(buf))
-        if use is None or self.buf_mode[id(buf)] != "plain" or use.stores or buf.vector not in (2, 4):
-            return False
-        return buf.dtype in (f32, i32, u32) and all(_element_component(a, buf.vector) for a in use.addresses)
-
     def load_at(self, s: Stmt, d: int) -> str:
         """The expression of global load s."""
         buf = s.attr
         c = self.buf_view.get(id(buf))
         if c is None:
             return self.load_expr(buf, self.index(s.args[0], d))
-        e, k = _element_component(s.args[0], c)
+        e, k = element_component(s.args[0], c)
         key = (id(buf), e if isinstance(e, int) else id(e))
         name = next((scope[key] for scope in reversed(self.vector_lets) if key in scope), None)
         if name is None:  # the whole element, once: its other components reuse it
-            name = self.names.fresh(f"{s.name or buf.name}_v", "vec")
+            name = self.names.fresh(vector_hint(s, buf), "vec")
             self.line(d, f"let {name} = {self.buf_name[id(buf)]}[{e if isinstance(e, int) else self.ref(e)}];")
             self.vector_lets[-1][key] = name
         return f"{name}.{'xyzw'[k]}"
@@ -468,8 +476,9 @@ class TaskEmitter:
             if self.uses_random:
                 self.line(1, f"rng_seed({self.seed_expr()}, 0u, {2 * self.task_index + 1}u);")
             self.declare_stacks()
-            self.line(1, "// forward")
-            self.block(t.body, 1)
+            if t.replay is None:
+                self.line(1, "// forward")
+            self.block(t.body, 1, body=True)
             self.line(0, "}")
             return self.lines
         self.line(0, f"@compute @workgroup_size({wg})")
@@ -497,12 +506,13 @@ class TaskEmitter:
         self.one_pass = (self.opts.grid_cap is not None and not self.stacks and lo.op is Op.CONST
                          and hi.op is Op.CONST and int(hi.attr) - int(lo.attr) <= self.opts.grid_cap * wg
                          and not jumps_to_loop(t.body, Op.CONTINUE))
+        part = "forward" if t.replay is None else "adjoint"
         if self.one_pass:
-            self.line(1, "// forward: one iteration per thread (the launch covers the range)")
+            self.line(1, f"// {part}: one iteration per thread (the launch covers the range)")
             self.line(1, "let iter = thread_id;")
             self.line(1, "if iter < range_count {")
         else:
-            self.line(1, "// forward")
+            self.line(1, f"// {part}")
             self.line(1, "for (var iter = thread_id; iter < range_count; iter += min(num_threads, range_count - iter)) {")
         hint = next((x.name for x in walk(t.body) if x.op is Op.LOOP_INDEX and x.attr is t and x.name), None)
         var = self.names.fresh(hint or "i")
@@ -510,7 +520,7 @@ class TaskEmitter:
         self.line(2, f"let {var} = range_begin + i32(iter);")
         if self.uses_random:
             self.line(2, f"rng_seed({self.seed_expr()}, u32({var}), {2 * self.task_index + 1}u);")
-        self.block(t.body, 2)
+        self.block(t.body, 2, body=True)
         self.line(1, "}")
         if t.epilogue.stmts:
             self.line(1, "// epilogue: one atomic per workgroup")
@@ -703,25 +713,3 @@ def format_wgsl(kernel: Kernel | CompiledKernel, *, float_atomics: bool = False,
     sep = "\n// " + "-" * 76 + "\n\n"
     return sep.join(t.wgsl for t in ck.tasks)
 
-
-def _element_component(a: Stmt, c: int) -> tuple | None:
-    """(element, component) of a scalar address of the form element * c + component, with the
-    element a Stmt or an int and the component a constant in [0, c); None for any other form."""
-    if a.op is Op.CONST:
-        v = int(a.attr)
-        return (v // c, v % c) if v >= 0 else None
-    k = 0
-    if a.op is Op.ADD:
-        x, y = a.args
-        if y.op is not Op.CONST:
-            x, y = y, x
-        if y.op is not Op.CONST or not 0 <= int(y.attr) < c:
-            return None
-        a, k = x, int(y.attr)
-    if a.op is Op.MUL:
-        x, y = a.args
-        if y.op is not Op.CONST:
-            x, y = y, x
-        if y.op is Op.CONST and int(y.attr) == c:
-            return x, k
-    return None

@@ -14,12 +14,13 @@ from ..errors import CompileError, UnsupportedError, WgpuAdError
 from ..ir.builder import Builder
 from ..ir.nodes import Block, Stmt
 from ..ir.ops import AtomicKind, Op
-from ..types import DType, MatrixType, VectorType, f32, i32, u1
+from ..ir.utils import adopt_name
+from ..types import DType, MatrixType, VectorType, i32, u1
 from .context import LoopCtx, ParsedFunc, ReturnCtx, contains_return, static_globals
 from .loops import lower_serial_for
 from .methods import MatMethod, eval_ref_or_value, lower_call, make_ref
 from .refs import GlobalRef, LocalRef, Ref, swizzle_indices
-from .values import Mat, Ops, dtype_of_entries, is_static
+from .values import Mat, Ops, dtype_of_entries, entry_names, is_static
 
 _BINOPS = {ast.Add: Op.ADD, ast.Sub: Op.SUB, ast.Mult: Op.MUL, ast.Div: Op.DIV,
            ast.FloorDiv: Op.FLOORDIV, ast.Mod: Op.MOD, ast.Pow: Op.POW, ast.LShift: Op.SHL,
@@ -94,17 +95,20 @@ class FuncLowerer(ast.NodeVisitor):
         """Define a local. Names assigned once stay SSA values (and compile-time values stay
         compile-time); names assigned more than once get mutable slots (ALLOCA)."""
         numeric = isinstance(value, (Stmt, Mat, int, float, bool))
+        shape = value.shape if isinstance(value, Mat) else ()
+        entries = value.entries if isinstance(value, Mat) else [value]
         if dtype is None and (self.pf.assign_counts.get(name, 0) <= 1 or not numeric):
+            for s, n in zip(entries, entry_names(name, shape)):
+                if isinstance(s, Stmt):
+                    adopt_name(s, n)
             self.scopes[-1][name] = value
             return
         if not numeric:
             raise self.error(node, f"cannot give '{name}' a type annotation: its value is a {type(value).__name__}")
-        shape = value.shape if isinstance(value, Mat) else ()
-        entries = value.entries if isinstance(value, Mat) else [value]
         dt = dtype or dtype_of_entries(entries)
         if dt == u1:
             dt = i32
-        slots = [self.b.alloca(dt, name) for _ in entries]
+        slots = [self.b.alloca(dt, n) for n in entry_names(name, shape)]
         ref = LocalRef(slots, shape, name)
         ref.store(self.o, value)
         self.scopes[-1][name] = ref

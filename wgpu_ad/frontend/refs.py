@@ -13,7 +13,7 @@ from ..errors import CompileError
 from ..ir.nodes import Buffer, Stmt
 from ..ir.ops import AtomicKind, Op
 from ..types import DType, i32, u1
-from .values import Mat, Ops, dtype_of, is_static
+from .values import Mat, Ops, dtype_of, entry_names, is_static
 
 _ATOMIC_BINOP = {AtomicKind.ADD: Op.ADD, AtomicKind.SUB: Op.SUB, AtomicKind.MIN: Op.MIN,
                  AtomicKind.MAX: Op.MAX, AtomicKind.AND: Op.BIT_AND, AtomicKind.OR: Op.BIT_OR,
@@ -97,8 +97,9 @@ class GlobalRef(Ref):
         return self.buffer.dtype
 
     def load(self, o: Ops):
-        vals = [o.b.emit(Op.GLOBAL_LOAD, [ix], self.buffer.dtype, self.buffer,
-                         name=self.buffer.name.replace(".", "_")) for ix in self.indices]
+        names = entry_names(self.buffer.name.replace(".", "_"), self.shape)
+        vals = [o.b.emit(Op.GLOBAL_LOAD, [ix], self.buffer.dtype, self.buffer, name=n)
+                for ix, n in zip(self.indices, names)]
         self._tag(vals)
         return self._assemble(vals)
 

@@ -21,6 +21,16 @@ from ..types import DType, f32, i32, promote, u1, u32
 Scalar = "Stmt | int | float | bool"
 
 
+def entry_names(name: str, shape: tuple) -> list[str]:
+    """Names of a variable's scalars in the WGSL: `r` for a scalar, `r_x`, `r_y` ... for a vector
+    of up to 4, `r_5` for a longer one, `F_01` for a matrix entry."""
+    if not shape:
+        return [name]
+    if len(shape) == 1:
+        return [f"{name}_{'xyzw'[k] if shape[0] <= 4 else k}" for k in range(shape[0])]
+    return [f"{name}_{r}{c}" for r in range(shape[0]) for c in range(shape[1])]
+
+
 @dataclass
 class Mat:
     entries: list      # row-major scalars

@@ -15,6 +15,8 @@ def clone_kernel(kernel: Kernel) -> Kernel:
         nt.epilogue = clone_block(t.epilogue, m)
         nt.begin = m.get(id(t.begin)) if t.begin is not None else None
         nt.end = m.get(id(t.end)) if t.end is not None else None
+        if t.replay is not None:
+            nt.replay = {m[id(s)] for s in t.replay if id(s) in m}
         tasks.append(nt)
     k = Kernel(kernel.name, tasks, list(kernel.args), list(kernel.buffers), kernel.ret,
                kernel.uses_random, kernel.debug, kernel.loc)

@@ -108,6 +108,11 @@ class Task:
     # runs after the parallel loop in every thread, in uniform control flow (range tasks; made by
     # passes/prereduce.py just before code generation)
     epilogue: Block = field(default_factory=Block)
+    # adjoint tasks (passes/autodiff/reverse.py): the statements at the top level of `body` and
+    # of its reverse loops' bodies that replay the forward. The code generator banners such a
+    # block `// replay` up to the last of them and `// reverse` after it (passes remove and
+    # hoist statements but never move one past another)
+    replay: set | None = None
 
 
 @dataclass(eq=False)

@@ -62,6 +62,15 @@ def use_counts(kernel: Kernel) -> dict[Stmt, int]:
     return counts
 
 
+def adopt_name(s: Stmt, name: str | None) -> None:
+    """Give `s` the name of the variable that holds it (readable IR and WGSL), unless it has a
+    user's name already; a global load's name is its buffer's, a weaker hint. Constants,
+    arguments and loop indices keep theirs: they are not written as `let`s (a loop index names
+    its loop)."""
+    if name and s.op not in (Op.CONST, Op.ARG, Op.LOOP_INDEX) and (s.name is None or s.op is Op.GLOBAL_LOAD):
+        s.name = name
+
+
 def substitute(kernel: Kernel, mapping: dict[Stmt, Stmt]) -> int:
     """Rewrite every use of a key of `mapping` into its value (following chains a->b->c).
 

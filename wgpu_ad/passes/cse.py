@@ -19,7 +19,7 @@ import itertools
 
 from ..ir.nodes import Block, Kernel, Stmt
 from ..ir.ops import GroupOp, Op
-from ..ir.utils import PURE, buffer_alias_key, const_key, writes_in
+from ..ir.utils import PURE, adopt_name, buffer_alias_key, const_key, writes_in
 
 _LOOPS = frozenset({Op.RANGE_FOR, Op.WHILE})
 
@@ -89,6 +89,8 @@ class _CSE:
                         break
                 if hit is not None:
                     repl[s] = hit
+                    if hit.name is None:
+                        adopt_name(hit, s.name)
                     continue
                 table[k] = s
             elif op is Op.GLOBAL_STORE:

@@ -8,12 +8,15 @@ away. Besides shorter WGSL, this lets the access analyses of autodiff see throug
 A variable stored several times, but loaded and stored only in the block that declares it (no
 nested block touches it) and stored before every load, is straight-line code: each load becomes
 the value of the store before it (the adjoint's accumulators, `x_adj = x_adj + ...`, are these).
+A load before the first store reads the variable's initial zero (WGSL zero-initialises a `var`).
+The stored values take the variable's name, for readable WGSL.
 """
 from __future__ import annotations
 
 from ..ir.nodes import Block, Kernel, Stmt
 from ..ir.ops import Op
-from ..ir.utils import kernel_blocks, substitute
+from ..ir.utils import adopt_name, kernel_blocks, make_const, substitute
+from ..ir.semantics import to_scalar
 
 
 def mem2reg(kernel: Kernel) -> Kernel:
@@ -43,22 +46,25 @@ def mem2reg(kernel: Kernel) -> Kernel:
     for a in allocas:
         st = stores.get(id(a), [])
         lds = loads.get(id(a), [])
-        if not st or any(parent[id(x)] is not parent[id(a)] for x in st + lds):
+        if not (st or lds) or any(parent[id(x)] is not parent[id(a)] for x in st + lds):
             continue
         events = sorted(st + lds, key=lambda x: order[id(x)])
-        if events[0].op is not Op.LOCAL_STORE:
-            continue  # read before any store: keep the variable
         value = None
         for x in events:
             if x.op is Op.LOCAL_STORE:
                 value = x.args[1]  # substitute() follows chains through promoted loads
+                adopt_name(value, a.name)
             else:
+                if value is None:  # read before any store: the variable's initial zero
+                    value = make_const(a, to_scalar(0, a.dtype))
                 mapping[x] = value
             dead.add(id(x))
-        dead.add(id(a))
+        if a.op is Op.ALLOCA:
+            dead.add(id(a))
     if not dead:
         return kernel
     substitute(kernel, mapping)
     for blk in kernel_blocks(kernel):
         blk.stmts = [s for s in blk.stmts if id(s) not in dead]
     return kernel
+

@@ -62,8 +62,7 @@ def _task(t: Task) -> None:
         first = members[0]
         buf, idx = first.attr[1], first.args[0]
         b.loc = ep.loc = first.loc
-        acc = b.alloca(buf.dtype, f"{buf.name.replace('.', '_')}_partial")
-        b.store(acc, b.const(0, buf.dtype))
+        acc = b.alloca(buf.dtype, f"{buf.name.replace('.', '_')}_partial")  # starts at zero
         for s in members:
             replace[id(s)] = acc
         total = ep.emit(Op.WG_SUM, [ep.load(acc)], buf.dtype)

@@ -24,7 +24,7 @@ import numpy as np
 from ..ir.nodes import Block, Kernel, Stmt
 from ..ir.ops import GroupOp, Op
 from ..ir.semantics import evaluate
-from ..ir.utils import const_value, make_const
+from ..ir.utils import adopt_name, const_value, make_const
 from ..types import u1
 
 
@@ -62,6 +62,8 @@ def _fold_block(block: Block, repl: dict[Stmt, Stmt]) -> None:
             new = simplify_stmt(s)
             if new is not None:
                 repl[s] = new
+                if new.name is None:
+                    adopt_name(new, s.name)
                 continue
         out.append(s)
     block.stmts[:] = out

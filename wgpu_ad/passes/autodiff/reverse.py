@@ -54,6 +54,10 @@ class AdjointEmitter:
         self.b = Builder()
         self.pm: dict[int, Stmt] = {}   # primal stmt -> its replayed value
         self.adj: dict[int, Stmt] = {}  # primal stmt -> ALLOCA of its adjoint
+        # accumulator ALLOCA -> the block where it holds +0.0 (declared or reset there, nothing
+        # accumulated since): the first contribution there initialises it (accumulate)
+        self.unset: dict[int, Block] = {}
+        self.replayed: set[Stmt] = set()  # the adjoint task's `replay` (ir/nodes.py Task)
         self.stacks: dict[int, list] = {}   # loop -> [(primal alloca, STACK_ALLOC)]
         self.counters: dict[int, Stmt] = {}  # loop -> ALLOCA counting its iterations
         self.index_of: dict[int, Stmt] = {}  # loop -> iteration index while reversing it
@@ -225,13 +229,16 @@ class AdjointEmitter:
 
     # ---- reverse -------------------------------------------------------------------------
     def declare_accumulators(self, block: Block) -> None:
-        """Adjoint accumulators for what `block` defines, fresh each time the block runs."""
+        """Adjoint accumulators for what `block` defines, fresh each time the block runs (an
+        ALLOCA starts at +0.0; see accumulate)."""
         for s in block.stmts:
             if id(s) in self.active:
                 self.b.loc = s.loc
-                acc = self.b.alloca(f32, f"{s.name or 'v'}_adj")
-                self.b.store(acc, self.b.const(0.0, f32))
+                # named after the primal (`r` -> `r_adj`); unnamed temporaries stay unnamed
+                acc = self.b.emit(Op.ALLOCA, (), f32, f"{s.name or 'v'}_adj",
+                                  name=f"{s.name}_adj" if s.name else None)
                 self.adj[id(s)] = acc
+                self.unset[id(acc)] = self.b.block
 
     def rev(self, block: Block, declare: bool = True) -> None:
         b = self.b
@@ -256,6 +263,7 @@ class AdjointEmitter:
                     g = b.load(self.adj[id(var)])
                     self.accumulate(val, g)
                     b.store(self.adj[id(var)], b.const(0.0, f32))
+                    self.unset[id(self.adj[id(var)])] = b.block
             elif op is Op.LOCAL_LOAD:
                 if id(s) in self.active:
                     self.accumulate(s.args[0], b.load(self.adj[id(s)]))
@@ -326,6 +334,7 @@ class AdjointEmitter:
             self.root, self.in_branch = r.blocks[0], 0
             self.keep_effects = id(s) in self.effects_in_reverse
             self.fwd(s.blocks[0], record=True)
+            self.replayed.update(r.blocks[0].stmts)
             self.keep_effects = False
             self.rev(s.blocks[0])
             self.root, self.in_branch = saved
@@ -333,10 +342,16 @@ class AdjointEmitter:
         self.index_of.pop(id(s), None)
 
     def accumulate(self, target: Stmt, contribution: Stmt) -> None:
+        """acc += contribution; the first contribution in the accumulator's own block, where it
+        still holds its initial +0.0 on every path, is stored as is: `0.0 + c` is not c for
+        c = -0.0, so simplify.py keeps it, and every adjoint would start with a chain of them."""
         acc = self.adj.get(id(target))
         if acc is None:  # an operand defined in an outer block that has no accumulator yet
             return
-        self.b.store(acc, self.b.add(self.b.load(acc), contribution))
+        if self.unset.pop(id(acc), None) is self.b.block:
+            self.b.store(acc, contribution)
+        else:
+            self.b.store(acc, self.b.add(self.b.load(acc), contribution))
 
     # ---- a whole task --------------------------------------------------------------------
     def task(self, t: Task) -> Task:
@@ -354,11 +369,14 @@ class AdjointEmitter:
             # adjoints flow back through the bounds statements at the end of the iteration
             self.declare_accumulators(t.bounds)
             self.keep_effects = self.effects
+            before = set(map(id, nt.body.stmts))
             self.fwd(t.body, record=True)
+            self.replayed.update(s for s in nt.body.stmts if id(s) not in before)
             self.keep_effects = False
             self.rev(t.body)
             self.rev(t.bounds, declare=False)
         nt.body.stmts[0:0] = self.stack_allocs
+        nt.replay = self.replayed
         return nt
 
 
