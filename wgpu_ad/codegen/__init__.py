@@ -1,4 +1,4 @@
 """WGSL code generation: IR kernel -> CompiledKernel (one WGSL compute module per task)."""
-from .wgsl import format_wgsl, generate
+from .kernel import format_wgsl, generate
 
 __all__ = ["generate", "format_wgsl"]

@@ -200,3 +200,30 @@ def spell(s: Stmt, operands: list[str]) -> str | None:
     key = s.args[1].dtype if s.op is Op.SELECT else s.args[0].dtype
     t = entry.template(key)
     return None if t is None else t.format(*operands)
+
+
+def word_dtype(dt: DType) -> DType:
+    """The 4-byte type that carries dt in a uniform or return word (bool as u32, f16 as f32)."""
+    return {u1: u32, f16: f32}.get(dt, dt)
+
+
+def from_bits(expr: str, dt: DType) -> str:
+    """The inverse of to_bits."""
+    if dt == u32:
+        return expr
+    if dt == u1:
+        return f"({expr} != 0u)"
+    if dt == f16:
+        return f"f16(bitcast<f32>({expr}))"
+    return f"bitcast<{dt.wgsl}>({expr})"
+
+
+def to_bits(expr: str, dt: DType) -> str:
+    """The u32 bits of a value, for the error buffer."""
+    if dt == u32:
+        return expr
+    if dt == u1:
+        return f"select(0u, 1u, {expr})"
+    if dt == f16:
+        return f"bitcast<u32>(f32({expr}))"
+    return f"bitcast<u32>({expr})"

@@ -15,12 +15,11 @@ from ..errors import CompileError
 from ..ir.nodes import ArgSlot, Block, Buffer, Kernel, Stmt, Task, walk, walk_task
 from ..ir.ops import AtomicKind, Op
 from ..ir.utils import jumps_to_loop
-from ..runtime.compiled import ERROR_WORDS, BindingSpec, CompiledKernel, CompiledTask
-from ..types import DType, f16, f32, i32, u1, u32
+from ..runtime.compiled import ERROR_WORDS, BindingSpec
 from .. import shaders
+from ..types import DType, f16, f32, i32, u1, u32
 from .names import Namer, identifiers
-from .ops_table import ALU, MATH_HELPERS, convert, literal, spell, zero
-from .plan import stack_words, task_plan, words_of
+from .ops_table import ALU, MATH_HELPERS, convert, from_bits, literal, spell, to_bits, word_dtype, zero
 from .vectors import element_component, unused_addresses, vector_hint, vector_views
 
 INDENT = "    "
@@ -337,12 +336,12 @@ class TaskEmitter:
             self.line(d + 1, f"report_error({self.assert_codes[id(s)]}u);")
             self.line(d + 1, "return;  // this thread stops; the launcher raises the error")
             self.line(d, "}")
-            self.line(d, f"{self.stack_slot(s.args[0])} = {_bits(self.ref(s.args[1]), s.args[1].dtype)};")
+            self.line(d, f"{self.stack_slot(s.args[0])} = {to_bits(self.ref(s.args[1]), s.args[1].dtype)};")
             self.line(d, f"{stk}_top += 1i;")
         elif op is Op.STACK_POP:
             stk = self.value[id(s.args[0])]
             self.line(d, f"{stk}_top -= 1i;")
-            self.let(s, _from_bits(self.stack_slot(s.args[0]), s.dtype), d)
+            self.let(s, from_bits(self.stack_slot(s.args[0]), s.dtype), d)
         else:
             _fail(s, f"no WGSL for op {op.name}")
 
@@ -405,7 +404,7 @@ class TaskEmitter:
 
     @property
     def ret_store_dtype(self) -> DType:
-        return _word_dtype(self.kernel.ret)
+        return word_dtype(self.kernel.ret)
 
     def random_expr(self, s: Stmt) -> str:
         return {f32: "rand_f32()", f16: "f16(rand_f32())", u32: "rand_u32()",
@@ -418,7 +417,7 @@ class TaskEmitter:
         self.line(d, f"if !{self.ref(s.args[0])} {{")
         self.line(d + 1, f"if report_error({self.assert_codes[id(s)]}u) {{")
         for k, v in enumerate(values):
-            self.line(d + 2, f"atomicStore(&{ERR_VAR}[{k + 1}], {_bits(self.ref(v), v.dtype)});")
+            self.line(d + 2, f"atomicStore(&{ERR_VAR}[{k + 1}], {to_bits(self.ref(v), v.dtype)});")
         self.line(d + 1, "}")
         self.line(d + 1, "return;  // this thread stops; the launcher raises the error")
         self.line(d, "}")
@@ -554,7 +553,7 @@ class TaskEmitter:
                 if slot is None:
                     head.append(f"{INDENT}pad{word}: u32,")
                 else:
-                    head.append(f"{INDENT}{self.arg_member[id(slot)]}: {_word_dtype(slot.dtype).wgsl},")
+                    head.append(f"{INDENT}{self.arg_member[id(slot)]}: {word_dtype(slot.dtype).wgsl},")
             head.append("}")
             bind("args", f"var<uniform> {ARGS_VAR}: {ARGS_STRUCT};")
         for k, buf in enumerate(self.kernel.buffers):
@@ -617,33 +616,6 @@ def _thread_uniform(task: Task) -> set[int]:
     return out
 
 
-def _word_dtype(dt: DType) -> DType:
-    """The 4-byte type that carries dt in a uniform or return word (bool as u32, f16 as f32)."""
-    return {u1: u32, f16: f32}.get(dt, dt)
-
-
-def _from_bits(expr: str, dt: DType) -> str:
-    """The inverse of _bits."""
-    if dt == u32:
-        return expr
-    if dt == u1:
-        return f"({expr} != 0u)"
-    if dt == f16:
-        return f"f16(bitcast<f32>({expr}))"
-    return f"bitcast<{dt.wgsl}>({expr})"
-
-
-def _bits(expr: str, dt: DType) -> str:
-    """The u32 bits of a value, for the error buffer."""
-    if dt == u32:
-        return expr
-    if dt == u1:
-        return f"select(0u, 1u, {expr})"
-    if dt == f16:
-        return f"bitcast<u32>(f32({expr}))"
-    return f"bitcast<u32>({expr})"
-
-
 def _arg_words(kernel: Kernel) -> list[tuple[int, object]]:
     """(word, ArgSlot or None for a gap) for every word of the uniform block, in order."""
     by_word = {a.index: a for a in kernel.args}
@@ -652,64 +624,3 @@ def _arg_words(kernel: Kernel) -> list[tuple[int, object]]:
 
 def arg_words(kernel: Kernel) -> int:
     return max([len(kernel.args)] + [a.index + 1 for a in kernel.args])
-
-
-def _assert_codes(kernel: Kernel, debug: bool) -> tuple[dict[int, int], list[tuple[str, list]]]:
-    """Error codes: ASSERTs (debug mode only) and autodiff stack overflows (always)."""
-    codes, table = {}, []
-    for t in kernel.tasks:
-        for s in walk_task(t):
-            if s.op is Op.ASSERT and debug:
-                table.append((s.attr, [_word_dtype(v.dtype) if v.dtype == f16 else v.dtype for v in s.args[1:]]))
-                codes[id(s)] = len(table)   # 1 + position; 0 means "no error"
-            elif s.op is Op.STACK_PUSH:
-                cap = s.args[0].attr
-                where = f" at {s.loc.file}:{s.loc.line}" if s.loc else ""
-                if isinstance(cap, ArgSlot):  # sized at launch from the loop's bounds
-                    table.append((f"the serial loop{where} ran more iterations in one thread than its bounds "
-                                  f"gave at launch, more than its autodiff stack holds (compiler bug)", []))
-                else:
-                    table.append((f"the serial loop{where} ran more than {cap} iterations in one thread, more "
-                                  f"than its autodiff stack holds; raise the limit with "
-                                  f"ti.init(ad_stack_size=...) (it is {cap})", []))
-                codes[id(s)] = len(table)
-    return codes, table
-
-
-def generate(kernel: Kernel, *, float_atomics: bool, debug: bool,
-             workgroup_size: int = 128, subgroups: bool = False, grid_cap: int | None = None) -> CompiledKernel:
-    """Compile every task of an IR kernel to a WGSL module; returns the runtime's plain data.
-
-    float_atomics: use WGSL atomic<f32> add/sub (the device must have 'shader-float32-atomic');
-    otherwise float atomics are compare-exchange loops on u32 bits.
-    debug: keep ASSERTs (they report through the error buffer); without it they are dropped.
-    subgroups: the device has WGSL subgroup operations ('subgroup' feature): atomic adds whose
-    old value is unused go through shaders/atomics.wgsl subgroup_add (one atomic per subgroup
-    when its invocations add to one element).
-    grid_cap: the most workgroups the launcher gives a range task (Runtime.grid_cap): constant
-    ranges it always covers get one iteration per thread instead of a grid-stride loop.
-    """
-    opts = Options(float_atomics, debug, workgroup_size, subgroups, grid_cap)
-    stack_words(kernel)  # stacks sized at launch read their capacity from the uniform block
-    codes, table = _assert_codes(kernel, debug)
-    tasks, plans = [], []
-    for k, task in enumerate(kernel.tasks):
-        em = TaskEmitter(kernel, task, k, opts, codes)
-        wgsl, bindings = em.module()
-        tasks.append(CompiledTask(name=task.name or f"{kernel.name}_t{k}", wgsl=wgsl, entry_point="main",
-                                  workgroup_size=em.wg, bindings=bindings, serial=em.serial))
-        plans.append(task_plan(task, em.serial, em.wg, em.stack_caps, em.one_pass))
-    launch_plan = plan.LaunchPlan(words=words_of(kernel), buffers=tuple(b.source for b in kernel.buffers),
-                                  tasks=tuple(plans), grid_cap=grid_cap or DEFAULT_GRID_CAP)
-    return CompiledKernel(name=kernel.name, tasks=tasks, arg_words=arg_words(kernel), plan=launch_plan,
-                          ret_dtype=kernel.ret, asserts=table)
-
-
-def format_wgsl(kernel: Kernel | CompiledKernel, *, float_atomics: bool = False, debug: bool = False,
-                workgroup_size: int = 128) -> str:
-    """All tasks' WGSL as one readable text, for printing (an IR kernel is compiled first)."""
-    ck = kernel if isinstance(kernel, CompiledKernel) else generate(
-        kernel, float_atomics=float_atomics, debug=debug, workgroup_size=workgroup_size)
-    sep = "\n// " + "-" * 76 + "\n\n"
-    return sep.join(t.wgsl for t in ck.tasks)
-

@@ -16,7 +16,9 @@ import dataclasses
 from typing import Callable
 
 from .. import plan
+from ..codegen import generate
 from ..errors import CompileError, debug_enabled
+from ..frontend.kernel import lower_kernel
 from ..ir.nodes import Kernel
 from ..passes.autodiff import NotFusable, reverse_kernel
 from ..passes.autodiff.access import footprint
@@ -64,7 +66,6 @@ def _optimize(ir: Kernel, opts: CompileOptions) -> Kernel:
 def _codegen(ir: Kernel, opts: CompileOptions, **plan_facts) -> CompiledKernel:
     """Optimised IR -> CompiledKernel: the lowering passes (on a copy, so the optimised IR stays
     what autodiff reads), WGSL, the launch plan."""
-    from ..codegen.wgsl import generate
     low = lower_for_codegen(ir, print_ir=opts.print_ir, verify=opts.debug or debug_enabled())
     ck = generate(low, float_atomics=opts.float_atomics, debug=opts.debug, subgroups=opts.subgroups,
                   grid_cap=opts.grid_cap)
@@ -87,7 +88,6 @@ def _accesses(ir: Kernel) -> tuple:
 
 def compile_kernel(fn, name: str, specs: list, ret_dtype, opts: CompileOptions) -> Compiled:
     """A @ti.kernel specialised for its argument specs (frontend/kernel.py ArgSpec)."""
-    from ..frontend.kernel import lower_kernel
     ir0, storages = user_errors(lambda: lower_kernel(fn, name, specs, ret_dtype, debug=opts.debug,
                                                      min_parallel=opts.min_parallel))
     slot = cache.forward_slot(ir0, opts)

@@ -1,0 +1,73 @@
+"""A kernel's WGSL: every task's module (wgsl.py TaskEmitter), the error-code table and the
+launch plan (plan.py), as the CompiledKernel the runtime and the launcher take."""
+from __future__ import annotations
+
+from .. import plan
+from ..ir.nodes import ArgSlot, Kernel, walk_task
+from ..ir.ops import Op
+from ..runtime.compiled import CompiledKernel, CompiledTask
+from ..types import f16
+from .ops_table import word_dtype
+from .plan import stack_words, task_plan, words_of
+from .wgsl import DEFAULT_GRID_CAP, Options, TaskEmitter, arg_words
+
+
+def _assert_codes(kernel: Kernel, debug: bool) -> tuple[dict[int, int], list[tuple[str, list]]]:
+    """Error codes: ASSERTs (debug mode only) and autodiff stack overflows (always)."""
+    codes, table = {}, []
+    for t in kernel.tasks:
+        for s in walk_task(t):
+            if s.op is Op.ASSERT and debug:
+                table.append((s.attr, [word_dtype(v.dtype) if v.dtype == f16 else v.dtype for v in s.args[1:]]))
+                codes[id(s)] = len(table)   # 1 + position; 0 means "no error"
+            elif s.op is Op.STACK_PUSH:
+                cap = s.args[0].attr
+                where = f" at {s.loc.file}:{s.loc.line}" if s.loc else ""
+                if isinstance(cap, ArgSlot):  # sized at launch from the loop's bounds
+                    table.append((f"the serial loop{where} ran more iterations in one thread than its bounds "
+                                  f"gave at launch, more than its autodiff stack holds (compiler bug)", []))
+                else:
+                    table.append((f"the serial loop{where} ran more than {cap} iterations in one thread, more "
+                                  f"than its autodiff stack holds; raise the limit with "
+                                  f"ti.init(ad_stack_size=...) (it is {cap})", []))
+                codes[id(s)] = len(table)
+    return codes, table
+
+
+def generate(kernel: Kernel, *, float_atomics: bool, debug: bool,
+             workgroup_size: int = 128, subgroups: bool = False, grid_cap: int | None = None) -> CompiledKernel:
+    """Compile every task of an IR kernel to a WGSL module; returns the runtime's plain data.
+
+    float_atomics: use WGSL atomic<f32> add/sub (the device must have 'shader-float32-atomic');
+    otherwise float atomics are compare-exchange loops on u32 bits.
+    debug: keep ASSERTs (they report through the error buffer); without it they are dropped.
+    subgroups: the device has WGSL subgroup operations ('subgroup' feature): atomic adds whose
+    old value is unused go through shaders/atomics.wgsl subgroup_add (one atomic per subgroup
+    when its invocations add to one element).
+    grid_cap: the most workgroups the launcher gives a range task (Runtime.grid_cap): constant
+    ranges it always covers get one iteration per thread instead of a grid-stride loop.
+    """
+    opts = Options(float_atomics, debug, workgroup_size, subgroups, grid_cap)
+    stack_words(kernel)  # stacks sized at launch read their capacity from the uniform block
+    codes, table = _assert_codes(kernel, debug)
+    tasks, plans = [], []
+    for k, task in enumerate(kernel.tasks):
+        em = TaskEmitter(kernel, task, k, opts, codes)
+        wgsl, bindings = em.module()
+        tasks.append(CompiledTask(name=task.name or f"{kernel.name}_t{k}", wgsl=wgsl, entry_point="main",
+                                  workgroup_size=em.wg, bindings=bindings, serial=em.serial))
+        plans.append(task_plan(task, em.serial, em.wg, em.stack_caps, em.one_pass))
+    launch_plan = plan.LaunchPlan(words=words_of(kernel), buffers=tuple(b.source for b in kernel.buffers),
+                                  tasks=tuple(plans), grid_cap=grid_cap or DEFAULT_GRID_CAP)
+    return CompiledKernel(name=kernel.name, tasks=tasks, arg_words=arg_words(kernel), plan=launch_plan,
+                          ret_dtype=kernel.ret, asserts=table)
+
+
+def format_wgsl(kernel: Kernel | CompiledKernel, *, float_atomics: bool = False, debug: bool = False,
+                workgroup_size: int = 128) -> str:
+    """All tasks' WGSL as one readable text, for printing (an IR kernel is compiled first)."""
+    ck = kernel if isinstance(kernel, CompiledKernel) else generate(
+        kernel, float_atomics=float_atomics, debug=debug, workgroup_size=workgroup_size)
+    sep = "\n// " + "-" * 76 + "\n\n"
+    return sep.join(t.wgsl for t in ck.tasks)
+
