@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # the package's folders, by the package name they install as (pyproject's package-dir)
 PACKAGES = {"wgpu_ad": ROOT / "wgpu_ad", "wgpu_ad.shaders": ROOT / "shaders", "wgpu_ad.viewer": ROOT / "viewer"}
 
-# Circles still there, each as the sorted names of its modules; being removed by the launch-plan
-# redesign. A circle not listed here fails, and so does a listed one that is gone (delete it).
+# Circles allowed to remain, each as the sorted names of its modules (none today). A circle not
+# listed here fails, and so does a listed one that is gone (delete it).
 KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
 
