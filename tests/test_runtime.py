@@ -114,8 +114,10 @@ def test_main_without_adapter_exits_1(fake_adapters, capsys):
 
 def test_bad_arch_is_an_error(monkeypatch):
     monkeypatch.delenv(A.ARCH_ENV_VAR, raising=False)
-    with pytest.raises(GpuError, match=r"unknown arch 'cuda' \(for a CUDA/NVIDIA GPU use ti.gpu"):
-        D.init(arch="cuda")
+    with pytest.raises(GpuError, match=r"unknown arch 'tpu': wgpu_ad supports ti.vulkan, .* ti.gpu \(best "
+                                       r"hardware adapter; ti.cuda and ti.amdgpu mean the same\)"):
+        D.init(arch="tpu")
+    assert A.normalize_arch("cuda") == A.normalize_arch("amdgpu") == A.gpu  # Taichi programs' GPU archs
     monkeypatch.setenv(A.ARCH_ENV_VAR, "tpu")
     with pytest.raises(GpuError, match="WGPU_AD_ARCH='tpu' is not an arch"):
         D.init()

@@ -20,7 +20,7 @@ from .lang.kernel import Kernel, func, kernel, real_func, template
 from .lang.matrix import Matrix, Vector
 from .lang.ndarray import Ndarray, ndarray
 from .lang.snode import i, ij, ijk, ijkl, j, k, l, root
-from .runtime import cpu, dx12, get_runtime, gpu, metal, opengl, sync, vulkan
+from .runtime import amdgpu, cpu, cuda, dx12, get_runtime, gpu, metal, opengl, sync, vulkan
 from .types import f16, f32, float16, float32, i32, int32, u32, uint32
 
 

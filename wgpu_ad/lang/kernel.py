@@ -9,6 +9,7 @@ from typing import Any, Callable
 from ..compiler.options import current as _options
 from ..errors import CompileError, KernelArgError, WgpuAdError
 from ..types import MatrixType, VectorType, to_dtype
+from .external import EXTERNALS, Externals, describe, is_external
 from .launch import Launcher, launch
 
 _compile_epoch = [0]  # bumped by ti.reset(): compiled kernels belong to one device
@@ -120,7 +121,12 @@ class Kernel:
         self._last = None  # (epoch, compiled, specs) when every argument is a plain scalar
         self._scalar_only = all(not isinstance(a, (Template, NdarrayType, VectorType, MatrixType))
                                 and a not in (Template, NdarrayType) for a in self.anns)
+        self._ndarrays = [k for k, a in enumerate(self.anns) if isinstance(a, NdarrayType) or a is NdarrayType]
         self._no_grad = False
+
+    def _has_external(self, args) -> bool:
+        """Whether a NumPy array or a torch tensor is passed for an ndarray argument."""
+        return any(k < len(args) and is_external(args[k]) for k in self._ndarrays)
 
     # ---- argument handling ------------------------------------------------------------
     def _specs(self, args: tuple):
@@ -152,7 +158,8 @@ class Kernel:
     def _ndarray_spec(self, name, ann, v):
         from ..frontend.kernel import ArgSpec
         if not hasattr(v, "gpu_buffer") or not hasattr(v, "element_shape") or getattr(v, "is_field", False):
-            raise KernelArgError(f"kernel '{self.__name__}': argument '{name}' must be a ti.ndarray, got {type(v).__name__}")
+            raise KernelArgError(f"kernel '{self.__name__}': argument '{name}' must be a ti.ndarray, a NumPy array or "
+                                 f"a torch tensor, got {type(v).__name__}")
         ann = ann if isinstance(ann, NdarrayType) else NdarrayType()
         if ann.ndim is not None and ann.ndim != len(v.shape):
             raise KernelArgError(f"kernel '{self.__name__}': argument '{name}' must have ndim={ann.ndim}, got shape {v.shape}")
@@ -191,6 +198,8 @@ class Kernel:
     def __call__(self, *args, **kwargs):
         if kwargs:
             args = self._bind_kwargs(args, kwargs)
+        if self._ndarrays and self._has_external(args):
+            return self._call_external(args)
         lc, specs, rt = self._get(args)
         ad = _ad_state or _ad()
         tape = ad.current_tape
@@ -199,6 +208,17 @@ class Kernel:
             if tape.defer(self, lc, args, rt):
                 return None  # launched before anything else reaches the device, or fused with its adjoint
         return launch(lc, args, rt)
+
+    def _call_external(self, args):
+        """A launch with host arrays (lang/external.py): copied in, launched, written back."""
+        tape = (_ad_state or _ad()).current_tape
+        if tape is not None:
+            tape.record(self, args)  # the host arrays: the backward pass copies them in again
+        dev, bound = EXTERNALS.to_device(self, args, self._ndarrays, with_grads=False)
+        lc, _specs, rt = self._get(dev)
+        ret = launch(lc, dev, rt)
+        Externals.to_host(bound, lc.ck, grads=False)
+        return ret
 
     # ---- reverse mode ---------------------------------------------------------------------
     @property
@@ -240,14 +260,28 @@ class Kernel:
         launch(g, args, rt)
         return True
 
+    def _device_args(self, args) -> tuple:
+        """args with host arrays replaced by their device copies (values not uploaded)."""
+        if not (self._ndarrays and self._has_external(args)):
+            return args
+        out = list(args)
+        for k in self._ndarrays:
+            v = args[k]
+            if is_external(v):
+                name = self.params[k].name
+                out[k] = EXTERNALS.device_copy(v, *describe(self.__name__, name, v, self.anns[k]), name)
+        return tuple(out)
+
     def footprint(self, *args) -> list[tuple]:
         """What this launch touches: (storage, kind, index) with kind 'load', 'store', 'add' (atomic
         add/sub) or 'atomic', and index a tuple with an int where the index is the same for every
         thread and iteration (computed from constants and these arguments) and None elsewhere."""
+        args = self._device_args(args)
         return self._get(args)[0].footprint(args)
 
     def accessed(self, *args) -> tuple[list, list]:
         """(storages read, storages written) by this kernel for these arguments (primal ones)."""
+        args = self._device_args(args)
         return self._get(args)[0].accessed(args)
 
     def _bind_kwargs(self, args, kwargs):
@@ -290,6 +324,12 @@ class _GradLauncher:
             return None  # @ti.ad.no_grad: the kernel has no gradient (Taichi's behaviour)
         if kwargs:
             args = k._bind_kwargs(args, kwargs)
+        if k._ndarrays and k._has_external(args):
+            dev, bound = EXTERNALS.to_device(k, args, k._ndarrays, with_grads=True)
+            g, _specs, rt = k._get_grad(dev, launching=True)
+            ret = launch(g, dev, rt)
+            Externals.to_host(bound, g.ck, grads=True)
+            return ret
         g, _specs, rt = k._get_grad(args, launching=True)
         return launch(g, args, rt)
 

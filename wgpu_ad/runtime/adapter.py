@@ -15,6 +15,11 @@ dx12 = "dx12"
 opengl = "opengl"
 cpu = "cpu"   # a software adapter (adapter_type 'CPU', e.g. Mesa lavapipe)
 gpu = "gpu"   # the best hardware adapter, falling back to any adapter
+# Taichi's GPU backends: a Taichi program's ti.init(arch=ti.cuda) runs on the best WebGPU adapter
+# (NVIDIA and AMD GPUs through Vulkan), like ti.gpu
+cuda = "cuda"
+amdgpu = "amdgpu"
+_GPU_ALIASES = (cuda, amdgpu)
 ARCHES = (vulkan, metal, dx12, opengl, cpu, gpu)
 
 ARCH_ENV_VAR = "WGPU_AD_ARCH"
@@ -85,9 +90,10 @@ def normalize_arch(arch) -> str | None:
     name = getattr(arch, "name", arch)
     if isinstance(name, str) and name.lower() in ARCHES:
         return name.lower()
-    hint = " (for a CUDA/NVIDIA GPU use ti.gpu or ti.vulkan)" if str(name).lower() == "cuda" else ""
-    raise GpuError(f"unknown arch {arch!r}{hint}: wgpu_ad supports ti.vulkan, ti.metal, ti.dx12, "
-                   f"ti.opengl, ti.cpu (software adapter) and ti.gpu (best hardware adapter)")
+    if isinstance(name, str) and name.lower() in _GPU_ALIASES:
+        return gpu
+    raise GpuError(f"unknown arch {arch!r}: wgpu_ad supports ti.vulkan, ti.metal, ti.dx12, ti.opengl, ti.cpu "
+                   f"(software adapter) and ti.gpu (best hardware adapter; ti.cuda and ti.amdgpu mean the same)")
 
 
 def _rank(adapter) -> tuple:

@@ -1,0 +1,167 @@
+"""NumPy arrays and torch tensors as ndarray arguments (Taichi's "external arrays").
+
+Wherever a kernel declares `ti.types.ndarray()`, a NumPy array or a torch tensor may be passed
+instead of a ti.ndarray. For each launch its values are copied to a device copy (a ti.ndarray that
+stays with the host array while it lives, so every kernel and a tape see one storage per host
+array; when the host array is freed its copy goes back to a pool that later arrays of the same
+dtype and shape reuse: no allocation per call in steady state), the kernel runs on it, and the
+arguments the kernel writes are copied back into the host array afterwards (the launch waits for
+the GPU there). CUDA tensors go through the host
+(there is no memory shared between CUDA and WebGPU): correct, but a copy each way.
+
+Gradients: `kernel.grad(...)` with torch tensors reads `t.grad` of the outputs as the seed and
+accumulates into `t.grad` of the inputs (creating it when absent), as Taichi's torch interop does.
+Only tensors with requires_grad=True have gradients. NumPy arrays carry none: pass a
+ti.ndarray(needs_grad=True) or a torch tensor where a gradient is wanted.
+"""
+from __future__ import annotations
+
+import sys
+import weakref
+
+import numpy as np
+
+from .. import plan
+from ..errors import KernelArgError
+from ..runtime.device import generation as _generation
+from ..types import MatrixType, VectorType, f32, i32, u32
+
+_DTYPES = {np.dtype(np.float32): f32, np.dtype(np.int32): i32, np.dtype(np.uint32): u32}
+_CONVERT = {"float64": "float32", "int64": "int32", "float16": "float32", "bool": "int32"}
+
+
+def is_external(v) -> bool:
+    """A NumPy array or a torch tensor (torch is not imported to find out)."""
+    return isinstance(v, np.ndarray) or _is_torch(v)
+
+
+def _is_torch(v) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(v, torch.Tensor)
+
+
+def host_view(v) -> np.ndarray:
+    """The values of a host array as a NumPy array (a view for CPU tensors and C-ordered arrays)."""
+    if isinstance(v, np.ndarray):
+        return v
+    return v.detach().cpu().numpy()
+
+
+def element_shape_of(ann) -> tuple:
+    """The element shape an ndarray annotation asks for: the trailing dimensions of a host array."""
+    dt = getattr(ann, "dtype", None)
+    if isinstance(dt, (VectorType, MatrixType)):
+        return tuple(dt.shape)
+    return ()
+
+
+def describe(kernel: str, name: str, v, ann) -> tuple:
+    """(dtype, shape, element shape, needs_grad) of a host array passed for argument `name`, or
+    KernelArgError naming what is wrong with it."""
+    arr = host_view(v)
+    dt = _DTYPES.get(arr.dtype)
+    kind = "tensor" if _is_torch(v) else "array"
+    if dt is None:
+        hint = _CONVERT.get(arr.dtype.name)
+        fix = f"; convert it first (e.g. .astype(np.{hint}) or .to(torch.{hint}))" if hint else ""
+        raise KernelArgError(f"kernel '{kernel}': argument '{name}' is a {arr.dtype} {kind}; wgpu_ad kernels take "
+                             f"float32, int32 or uint32 arrays{fix}")
+    es = element_shape_of(ann)
+    if es and (len(arr.shape) <= len(es) or tuple(arr.shape[-len(es):]) != es):
+        raise KernelArgError(f"kernel '{kernel}': argument '{name}' must end in the element shape {es} of its "
+                             f"dtype, got a {kind} of shape {tuple(arr.shape)}")
+    shape = tuple(arr.shape[: len(arr.shape) - len(es)])
+    if not shape or any(n < 1 for n in shape):
+        raise KernelArgError(f"kernel '{kernel}': argument '{name}' must have at least one element per "
+                             f"dimension, got a {kind} of shape {tuple(arr.shape)}")
+    needs_grad = bool(getattr(v, "requires_grad", False)) and dt.is_float
+    return dt, shape, es, needs_grad
+
+
+class Externals:
+    """The device copies of host arrays: one per live host array, pooled when it dies."""
+
+    def __init__(self):
+        self.live: dict[int, tuple] = {}   # id(host) -> (weakref to host, device copy)
+        self.free: dict[tuple, list] = {}  # (dtype, shape, element shape, needs_grad) -> copies
+
+    def device_copy(self, host, dt, shape: tuple, es: tuple, needs_grad: bool, name: str):
+        """The device copy of `host` (made, or taken from the pool, on first use)."""
+        hit = self.live.get(id(host))
+        key = (dt.name, shape, es, needs_grad)
+        if hit is not None and hit[0]() is host and hit[2] == key and hit[1]._gen == _generation():
+            return hit[1]
+        from .ndarray import Ndarray
+        spare = self.free.get(key)
+        dev = spare.pop() if spare else None
+        if dev is None or dev._gen != _generation():
+            dev = Ndarray(dt, shape, es, name=name)
+            if needs_grad:
+                dev._attach_grad()
+        hid = id(host)
+
+        def release(_ref, hid=hid, dev=dev, key=key):
+            if self.live.get(hid, (None,))[0] is _ref:
+                del self.live[hid]
+            self.free.setdefault(key, []).append(dev)
+        self.live[hid] = (weakref.ref(host, release), dev, key)
+        return dev
+
+    def to_device(self, kernel, args: tuple, positions: list, with_grads: bool) -> tuple[tuple, list]:
+        """args with every host array replaced by its device copy (values uploaded; with_grads:
+        the tensors' .grad too, zeros where absent); and the (position, host, device) triples."""
+        out, bound = list(args), []
+        for pos in positions:
+            v = args[pos]
+            if not is_external(v):
+                continue
+            name = kernel.params[pos].name
+            dt, shape, es, needs_grad = describe(kernel.__name__, name, v, kernel.anns[pos])
+            dev = self.device_copy(v, dt, shape, es, needs_grad, name)
+            dev.from_numpy(np.ascontiguousarray(host_view(v)).reshape(shape + es))
+            if with_grads and needs_grad:
+                g = getattr(v, "grad", None)
+                if g is None:
+                    dev.grad.fill(0)
+                else:
+                    dev.grad.from_numpy(np.ascontiguousarray(host_view(g), dtype=np.float32).reshape(shape + es))
+            out[pos] = dev
+            bound.append((pos, v, dev))
+        return tuple(out), bound
+
+    @staticmethod
+    def to_host(bound: list, ck, grads: bool) -> None:
+        """Copy back what the launch wrote: the arguments (grads=False) or the gradients (True)
+        that a task binds writable."""
+        kind = plan.ArgGrad if grads else plan.Arg
+        written = {ck.plan.buffers[b.key].arg for t in ck.tasks for b in t.bindings
+                   if b.kind == "buffer" and not b.read_only and isinstance(ck.plan.buffers[b.key], kind)}
+        for pos, host, dev in bound:
+            if pos not in written:
+                continue
+            if grads:
+                _write_grad(host, dev.grad.to_numpy())
+            else:
+                _write(host, dev.to_numpy())
+
+
+def _write(host, values: np.ndarray) -> None:
+    if isinstance(host, np.ndarray):
+        host[...] = values.reshape(host.shape)
+        return
+    torch = sys.modules["torch"]
+    with torch.no_grad():
+        host.copy_(torch.from_numpy(values.reshape(tuple(host.shape))))
+
+
+def _write_grad(host, values: np.ndarray) -> None:
+    torch = sys.modules["torch"]
+    values = torch.from_numpy(values.reshape(tuple(host.shape)))
+    with torch.no_grad():
+        if host.grad is None:
+            host.grad = values.to(device=host.device, dtype=host.dtype)
+        else:
+            host.grad.copy_(values)
+
+
+EXTERNALS = Externals()
