@@ -61,6 +61,7 @@ def describe(kernel: str, name: str, v, ann) -> tuple:
     arr = host_view(v)
     dt = _DTYPES.get(arr.dtype)
     kind = "tensor" if _is_torch(v) else "array"
+    a_kind = "a tensor" if kind == "tensor" else "an array"
     if dt is None:
         hint = _CONVERT.get(arr.dtype.name)
         fix = f"; convert it first (e.g. .astype(np.{hint}) or .to(torch.{hint}))" if hint else ""
@@ -69,11 +70,11 @@ def describe(kernel: str, name: str, v, ann) -> tuple:
     es = element_shape_of(ann)
     if es and (len(arr.shape) <= len(es) or tuple(arr.shape[-len(es):]) != es):
         raise KernelArgError(f"kernel '{kernel}': argument '{name}' must end in the element shape {es} of its "
-                             f"dtype, got a {kind} of shape {tuple(arr.shape)}")
+                             f"dtype, got {a_kind} of shape {tuple(arr.shape)}")
     shape = tuple(arr.shape[: len(arr.shape) - len(es)])
     if not shape or any(n < 1 for n in shape):
         raise KernelArgError(f"kernel '{kernel}': argument '{name}' must have at least one element per "
-                             f"dimension, got a {kind} of shape {tuple(arr.shape)}")
+                             f"dimension, got {a_kind} of shape {tuple(arr.shape)}")
     needs_grad = bool(getattr(v, "requires_grad", False)) and dt.is_float
     return dt, shape, es, needs_grad
 

@@ -1,0 +1,193 @@
+"""PyTorch interop: torch tensors as ndarray arguments, kernel.grad with tensors, and kernels as
+autograd functions (wgpu_ad.torch). Gradients are checked against analytic derivatives or float64
+central differences of the same math in NumPy."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+
+import wgpu_ad as ti  # noqa: E402
+import wgpu_ad.torch as wt  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def test_tensors_as_ndarray_arguments_and_their_gradients():
+    """y = 3 x (a store): forward values; kernel.grad seeds from y.grad and accumulates into
+    x.grad, creating it the first time and adding to it the second."""
+    @ti.kernel
+    def triple(x: ti.types.ndarray(), y: ti.types.ndarray()):
+        for i in range(x.shape[0]):
+            for j in range(x.shape[1]):
+                y[i, j] = 3 * x[i, j]
+
+    x = torch.linspace(-1, 1, 12).reshape(3, 4).requires_grad_(True)
+    y = torch.zeros(3, 4, requires_grad=True)
+    triple(x, y)
+    np.testing.assert_allclose(y.detach().numpy(), 3 * x.detach().numpy(), rtol=1e-6)
+    seed = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    y.grad = seed.clone()
+    assert x.grad is None
+    triple.grad(x, y)
+    np.testing.assert_allclose(x.grad.numpy(), 3 * seed.numpy(), rtol=1e-6)
+    triple.grad(x, y)
+    np.testing.assert_allclose(x.grad.numpy(), 6 * seed.numpy(), rtol=1e-6)
+
+
+def test_the_seed_program_runs(tmp_path):
+    """The forum program of shared/seeds/002 (a kernel with ndarray arguments inside a
+    torch.autograd.Function, Taichi failing in kernel.grad), with `import wgpu_ad as ti` and
+    `.cuda()` made a `.clone()` (a copy, as .cuda() makes; there is no CUDA here). L1 loss of
+    x = 1 against y = 3x: loss 2; kernel.grad writes dL/dy * 3 = 3/600 into x.grad."""
+    program = textwrap.dedent('''
+        import torch
+        import torch.nn as nn
+        import numpy as np
+        import wgpu_ad as ti
+
+        arch = ti.cuda
+        ti.init(arch=arch)
+
+        @ti.kernel
+        def test_grad(
+            x: ti.types.ndarray(),
+            y: ti.types.ndarray(),
+        ):
+            for i in range(x.shape[0]):
+                for j in range(x.shape[1]):
+                    y[i, j] = 3 * x[i, j]
+
+        class GradTest(nn.Module):
+            def __init__(self):
+                super(GradTest, self).__init__()
+                self._test_grad = test_grad
+
+                class _module_function(torch.autograd.Function):
+                    @staticmethod
+                    def forward(ctx, x):
+                        y = torch.zeros_like(x, requires_grad=True)
+                        self._test_grad(x, y)
+                        ctx.save_for_backward(x, y)
+                        return y
+
+                    @staticmethod
+                    def backward(ctx, dy):
+                        x, y = ctx.saved_tensors
+                        y.grad = dy
+                        self._test_grad.grad(x, y)
+                        return x.grad
+
+                self._module_function = _module_function.apply
+
+            def forward(self, x):
+                return self._module_function(x.contiguous())
+
+        if __name__ == "__main__":
+            leaf = torch.ones((20, 30), dtype=torch.float32, requires_grad=True)
+            x = leaf.clone()
+            grad_test = GradTest()
+            y = grad_test(x)
+            L1_loss = nn.L1Loss()
+            loss = L1_loss(x, y)
+            print('loss:', loss.item())
+            loss.backward()
+            print('grad:', x.grad[0].tolist())
+            print('leaf:', leaf.grad[0].tolist())
+    ''')
+    path = tmp_path / "seed_002.py"
+    path.write_text(program)
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    r = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = dict(line.split(":", 1) for line in r.stdout.splitlines() if ":" in line)
+    assert float(lines["loss"]) == pytest.approx(2.0, rel=1e-6)
+    np.testing.assert_allclose(eval(lines["grad"]), np.full(30, 3 / 600), rtol=1e-5)
+    # the leaf: d/dx mean|x - 3x| = (-1 + 3) / 600 through both paths
+    np.testing.assert_allclose(eval(lines["leaf"]), np.full(30, 2 / 600), rtol=1e-5)
+
+
+# ---- wgpu_ad.torch.function ---------------------------------------------------------------------
+
+@ti.kernel
+def _square_scaled(x: ti.types.ndarray(), w: ti.f32, y: ti.types.ndarray()):
+    for i in x:
+        y[i] = w * x[i] * x[i]
+
+
+def test_a_kernel_as_an_autograd_function():
+    f = wt.function(_square_scaled, outputs={"y": "x"})
+    x0 = np.linspace(-1.0, 2.0, 33)
+    x = torch.tensor(x0, dtype=torch.float32, requires_grad=True)
+    y = f(x, 1.5)
+    np.testing.assert_allclose(y.detach().numpy(), 1.5 * x0 ** 2, rtol=1e-6)
+    w = torch.tensor(np.cos(x0), dtype=torch.float32)
+    (y * w).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), 3.0 * x0 * np.cos(x0), rtol=1e-5, atol=1e-6)
+
+
+def test_a_python_function_of_several_kernels_matches_central_differences():
+    """Two kernels chained through an intermediate ndarray, vec2 inputs; the gradient of
+    sum(z * v) against float64 central differences of the same math."""
+    @ti.kernel
+    def spring(p: ti.types.ndarray(dtype=ti.math.vec2), e: ti.types.ndarray()):
+        for i in e:
+            d = p[i + 1] - p[i]
+            e[i] = ti.sqrt(d.dot(d) + 0.01)
+
+    @ti.kernel
+    def energy(e: ti.types.ndarray(), k: ti.f32, z: ti.types.ndarray()):
+        for i in e:
+            z[i] = k * (e[i] - 1.0) ** 2
+
+    def chain(p: ti.types.ndarray(dtype=ti.math.vec2), k, e, z):
+        spring(p, e)
+        energy(e, k, z)
+
+    n = 9
+    f = wt.function(chain, outputs={"e": lambda p, k: (p.shape[0] - 1,), "z": lambda p, k: (p.shape[0] - 1,)})
+    rng = np.random.default_rng(3)
+    p0 = rng.standard_normal((n, 2))
+    v = rng.standard_normal(n - 1)
+    p = torch.tensor(p0, dtype=torch.float32, requires_grad=True)
+    e, z = f(p, 0.7)
+
+    def ref(q):
+        d = q[1:] - q[:-1]
+        return (0.7 * (np.sqrt((d * d).sum(1) + 0.01) - 1.0) ** 2 * v).sum()
+
+    np.testing.assert_allclose(z.detach().numpy() @ v, ref(p0), rtol=1e-5)
+    (z * torch.tensor(v, dtype=torch.float32)).sum().backward()
+    h, fd = 1e-6, np.zeros_like(p0)
+    for idx in np.ndindex(p0.shape):
+        a, b = p0.copy(), p0.copy()
+        a[idx] += h
+        b[idx] -= h
+        fd[idx] = (ref(a) - ref(b)) / (2 * h)
+    np.testing.assert_allclose(p.grad.numpy(), fd, rtol=1e-4, atol=1e-5)
+
+
+def test_ndarrays_are_reused_after_the_backward_pass():
+    bridge = wt.function(_square_scaled, outputs={"y": "x"})
+    x = torch.ones(16, requires_grad=True)
+    bridge(x, 2.0).sum().backward()
+    spare = {id(nd) for v in bridge.pool.values() for nd in v}
+    assert len(spare) == 2  # x's copy and y's
+    x.grad = None
+    bridge(x, 2.0).sum().backward()
+    assert {id(nd) for v in bridge.pool.values() for nd in v} == spare  # the same ndarrays again
+    np.testing.assert_allclose(x.grad.numpy(), np.full(16, 4.0))
+
+
+def test_bridge_errors_name_the_argument():
+    with pytest.raises(ti.WgpuAdError, match=r"output 'out' is not an argument of _square_scaled \(x, w, y\)"):
+        wt.function(_square_scaled, outputs={"out": "x"})
+    f = wt.function(_square_scaled, outputs={"y": "x"})
+    with pytest.raises(ti.WgpuAdError, match=r"_square_scaled: missing input\(s\) w"):
+        f(torch.ones(3))

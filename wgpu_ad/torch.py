@@ -1,0 +1,183 @@
+"""wgpu_ad kernels as PyTorch autograd functions (`import wgpu_ad.torch`; torch is optional).
+
+    @ti.kernel
+    def scale(x: ti.types.ndarray(), y: ti.types.ndarray()):
+        for i in x:
+            y[i] = 3 * x[i] ** 2
+
+    f = wgpu_ad.torch.function(scale, outputs={"y": "x"})   # y: zeros shaped like x
+    y = f(x)                                               # x: a torch tensor
+    y.sum().backward()                                     # x.grad = 6 x
+
+`function(fn, outputs)` takes a @ti.kernel, or a Python function that launches kernels, whose
+tensor arguments are `ti.types.ndarray()` arguments of the kernels (annotate a Python function's
+arguments of vector or matrix elements, e.g. `p: ti.types.ndarray(dtype=ti.math.vec2)`, so that the
+tensor's trailing dimension becomes the elements' components). `outputs` names the arguments
+fn writes and says how to make each: the name of an input to copy the shape of, a shape tuple, or a
+callable given the inputs (by name) that returns a shape. The returned function takes the other
+arguments (tensors, Python numbers, fields), in fn's order; it returns the outputs as float32
+tensors (one, or a tuple in the order of `outputs`). Its backward pass runs the recorded kernels'
+adjoints (ti.ad.Tape) and returns the gradients of the inputs that require them.
+
+Tensors are copied to device ndarrays for the call and the outputs back (CUDA tensors through the
+host); the ndarrays are reused by later calls once a call's backward pass is done.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .errors import WgpuAdError
+from .lang.external import describe, element_shape_of
+from .lang.ndarray import Ndarray
+from .types import f32
+
+
+def function(fn: Callable, outputs: dict) -> Callable:
+    """fn as a torch autograd function; see the module docstring."""
+    return _Bridge(fn, outputs)
+
+
+class _Bridge:
+    def __init__(self, fn: Callable, outputs: dict):
+        self.fn = fn
+        self.name = getattr(fn, "__name__", "function")
+        kernel_params = getattr(fn, "params", None)
+        params = kernel_params if kernel_params is not None else list(inspect.signature(fn).parameters.values())
+        self.names = [p.name for p in params]
+        # a kernel's annotations; a Python function's own, where it has them (ti.types.ndarray(dtype=
+        # ti.math.vec2) makes the trailing dimension of a tensor its elements' components)
+        self.anns = list(getattr(fn, "anns", None) or _annotations(fn, params))
+        if not isinstance(outputs, dict) or not outputs:
+            raise WgpuAdError(f"wgpu_ad.torch.function({self.name}): outputs must be a dict naming the arguments it "
+                              f"writes, e.g. outputs={{'y': 'x'}} (y shaped like x)")
+        for out in outputs:
+            if out not in self.names:
+                raise WgpuAdError(f"wgpu_ad.torch.function({self.name}): output '{out}' is not an argument of "
+                                  f"{self.name} ({', '.join(self.names)})")
+        self.outputs = dict(outputs)
+        self.inputs = [n for n in self.names if n not in self.outputs]
+        self.pool: dict = {}
+
+        bridge = self
+
+        class _Function(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *inputs):
+                return bridge._forward(ctx, inputs)
+
+            @staticmethod
+            def backward(ctx, *grad_outputs):
+                return bridge._backward(ctx, grad_outputs)
+
+        self._apply = _Function.apply
+
+    def __call__(self, *args, **kwargs):
+        if len(args) > len(self.inputs):
+            raise WgpuAdError(f"{self.name} takes {len(self.inputs)} input(s) ({', '.join(self.inputs)}), "
+                              f"got {len(args)}")
+        bound = dict(zip(self.inputs, args))
+        for k, v in kwargs.items():
+            if k not in self.inputs or k in bound:
+                raise WgpuAdError(f"{self.name}: unexpected or repeated argument '{k}'")
+            bound[k] = v
+        missing = [n for n in self.inputs if n not in bound]
+        if missing:
+            raise WgpuAdError(f"{self.name}: missing input(s) {', '.join(missing)}")
+        return self._apply(*(bound[n] for n in self.inputs))
+
+    # ---- device ndarrays ---------------------------------------------------------------------
+    def _ndarray(self, dt, shape, es, needs_grad) -> Ndarray:
+        spare = self.pool.get((dt.name, shape, es, needs_grad))
+        if spare:
+            return spare.pop()
+        nd = Ndarray(dt, shape, es)
+        if needs_grad:
+            nd._attach_grad()
+        return nd
+
+    def _release(self, nds) -> None:
+        for nd in nds:
+            self.pool.setdefault((nd.dtype.name, nd.shape, nd.element_shape, nd.needs_grad), []).append(nd)
+
+    def _shape_of(self, name: str, spec, inputs: dict) -> tuple:
+        if isinstance(spec, str):
+            if spec not in inputs or not isinstance(inputs[spec], torch.Tensor):
+                raise WgpuAdError(f"{self.name}: output '{name}' is shaped like '{spec}', which is not a tensor input")
+            return tuple(inputs[spec].shape)
+        if callable(spec):
+            return tuple(spec(**inputs))
+        return tuple(spec) if isinstance(spec, (tuple, list)) else (int(spec),)
+
+    # ---- the autograd function ---------------------------------------------------------------
+    def _forward(self, ctx, inputs: tuple):
+        from .ad.tape import Tape
+        by_name = dict(zip(self.inputs, inputs))
+        call, nds, grads_in = {}, [], []
+        for n in self.inputs:
+            v = by_name[n]
+            if isinstance(v, torch.Tensor):
+                ann = self.anns[self.names.index(n)]
+                dt, shape, es, needs_grad = describe(self.name, n, v, ann)
+                nd = self._ndarray(dt, shape, es, needs_grad)
+                nd.from_numpy(np.ascontiguousarray(v.detach().cpu().numpy()).reshape(shape + es))
+                if needs_grad:
+                    nd.grad.fill(0)
+                call[n] = nd
+                nds.append(nd)
+                grads_in.append(nd if needs_grad else None)
+            else:
+                call[n] = v
+                grads_in.append(None)
+        outs = []
+        for n, spec in self.outputs.items():
+            full = self._shape_of(n, spec, by_name)
+            es = element_shape_of(self.anns[self.names.index(n)])
+            shape = full[: len(full) - len(es)] if es else full
+            nd = self._ndarray(f32, shape, es, True)
+            nd.fill(0)
+            call[n] = nd
+            nds.append(nd)
+            outs.append(nd)
+        tape = Tape(clear_gradients=False)
+        with tape:
+            self.fn(*(call[n] for n in self.names))
+        device = next((v.device for v in inputs if isinstance(v, torch.Tensor)), torch.device("cpu"))
+        results = [torch.from_numpy(nd.to_numpy().reshape(self._shape_of(n, s, by_name))).to(device)
+                   for nd, (n, s) in zip(outs, self.outputs.items())]
+        if any(g is not None for g in grads_in):
+            ctx.state = (tape, outs, grads_in, nds, [tuple(v.shape) if isinstance(v, torch.Tensor) else None
+                                                     for v in inputs], device)
+        else:
+            self._release(nds)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def _backward(self, ctx, grad_outputs: tuple):
+        tape, outs, grads_in, nds, shapes, device = ctx.state
+        ctx.state = None
+        for nd, g in zip(outs, grad_outputs):
+            if g is None:
+                nd.grad.fill(0)
+            else:
+                nd.grad.from_numpy(np.ascontiguousarray(g.detach().cpu().numpy(), dtype=np.float32)
+                                   .reshape(nd.shape + nd.element_shape))
+        tape.grad()
+        result = tuple(None if nd is None else torch.from_numpy(nd.grad.to_numpy().reshape(shape)).to(device)
+                       for nd, shape in zip(grads_in, shapes))
+        self._release(nds)
+        return result
+
+
+def _annotations(fn, params) -> list:
+    """A Python function's parameter annotations (strings evaluated), None where it has none."""
+    try:
+        got = inspect.get_annotations(fn, eval_str=True)
+    except Exception as e:
+        raise WgpuAdError(f"wgpu_ad.torch.function({fn.__name__}): cannot evaluate its annotations: {e}") from None
+    return [got.get(p.name) for p in params]
+
+
+__all__ = ["function"]
