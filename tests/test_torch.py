@@ -191,3 +191,48 @@ def test_bridge_errors_name_the_argument():
     f = wt.function(_square_scaled, outputs={"y": "x"})
     with pytest.raises(ti.WgpuAdError, match=r"_square_scaled: missing input\(s\) w"):
         f(torch.ones(3))
+
+
+def test_fields_as_parameters_of_a_torch_optimiser():
+    """A field the kernel reads is a torch Parameter: its values go in on every call, its gradient
+    comes out as the Parameter's .grad, and torch.optim fits it (y = w[i % 4] * x, least squares)."""
+    w = ti.field(ti.f32, shape=4, needs_grad=True)
+
+    @ti.kernel
+    def weigh(x: ti.types.ndarray(), y: ti.types.ndarray()):
+        for i in x:
+            y[i] = w[i % 4] * x[i]
+
+    f = wt.function(weigh, outputs={"y": "x"}, fields={"w": w})
+    p = wt.parameter(w)
+    x0 = np.linspace(0.5, 2.0, 16)
+    x = torch.tensor(x0, dtype=torch.float32)
+    target = torch.tensor(np.array([1.0, -2.0, 0.5, 3.0])[np.arange(16) % 4] * x0, dtype=torch.float32)
+    y = f(x, w=p)
+    ((y - target) ** 2).sum().backward()
+    want = np.zeros(4)
+    for i in range(16):  # d/dw_k sum (w_{i%4} x_i - t_i)^2 at w = 0
+        want[i % 4] += 2 * (0.0 - target[i].item()) * x0[i]
+    np.testing.assert_allclose(p.grad.numpy(), want, rtol=1e-5)
+    opt = torch.optim.Adam([p], lr=0.1)
+    for _ in range(300):
+        opt.zero_grad()
+        ((f(x, w=p) - target) ** 2).sum().backward()
+        opt.step()
+    np.testing.assert_allclose(p.detach().numpy(), [1.0, -2.0, 0.5, 3.0], atol=2e-2)
+    with pytest.raises(ti.WgpuAdError, match=r"weigh: field input 'w' must have shape \(4,\), got \(3,\)"):
+        f(x, w=torch.zeros(3))
+
+
+def test_torch_gradcheck_passes_in_float32():
+    """torch.autograd.gradcheck on the bridge: float32 inputs, so a float32-sized step and
+    tolerances (its default 1e-6 step is below float32's resolution)."""
+    @ti.kernel
+    def smooth(x: ti.types.ndarray(), y: ti.types.ndarray()):
+        for i in y:
+            y[i] = ti.sin(x[i]) * x[i + 1] + ti.exp(-x[i] * x[i])
+
+    f = wt.function(smooth, outputs={"y": lambda x: (x.shape[0] - 1,)})
+    x = torch.tensor(np.linspace(-1.0, 1.0, 7), dtype=torch.float32, requires_grad=True)
+    with pytest.warns(UserWarning, match="double precision"):
+        assert torch.autograd.gradcheck(f, (x,), eps=1e-2, atol=2e-3, rtol=1e-2)

@@ -20,11 +20,12 @@ tensors (one, or a tuple in the order of `outputs`). Its backward pass runs the 
 adjoints (ti.ad.Tape) and returns the gradients of the inputs that require them.
 
 Tensors are copied to device ndarrays for the call and the outputs back (CUDA tensors through the
-host); the ndarrays are reused by later calls once a call's backward pass is done.
+host); the ndarrays are reused by later calls once torch drops the call's graph.
 """
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -36,13 +37,21 @@ from .lang.ndarray import Ndarray
 from .types import f32
 
 
-def function(fn: Callable, outputs: dict) -> Callable:
-    """fn as a torch autograd function; see the module docstring."""
-    return _Bridge(fn, outputs)
+def function(fn: Callable, outputs: dict, fields: dict | None = None) -> Callable:
+    """fn as a torch autograd function; see the module docstring. fields: {name: field} of the
+    fields fn's kernels read whose values come from torch (a parameter an optimiser updates): each
+    is one more input of the returned function, by that name, after fn's own."""
+    return _Bridge(fn, outputs, fields or {})
+
+
+def parameter(field) -> "torch.nn.Parameter":
+    """A torch Parameter holding a copy of a field's values: pass it to a function(...,
+    fields={name: field}) as `name=` and to a torch optimiser; its .grad is the field's gradient."""
+    return torch.nn.Parameter(torch.from_numpy(np.array(field.to_numpy(), dtype=np.float32)))
 
 
 class _Bridge:
-    def __init__(self, fn: Callable, outputs: dict):
+    def __init__(self, fn: Callable, outputs: dict, fields: dict):
         self.fn = fn
         self.name = getattr(fn, "__name__", "function")
         kernel_params = getattr(fn, "params", None)
@@ -59,7 +68,15 @@ class _Bridge:
                 raise WgpuAdError(f"wgpu_ad.torch.function({self.name}): output '{out}' is not an argument of "
                                   f"{self.name} ({', '.join(self.names)})")
         self.outputs = dict(outputs)
-        self.inputs = [n for n in self.names if n not in self.outputs]
+        for n, fld in fields.items():
+            if n in self.names:
+                raise WgpuAdError(f"wgpu_ad.torch.function({self.name}): field input '{n}' has the name of an "
+                                  f"argument of {self.name}; name it differently")
+            if not getattr(fld, "is_field", False):
+                raise WgpuAdError(f"wgpu_ad.torch.function({self.name}): fields['{n}'] must be a field, got "
+                                  f"{type(fld).__name__}")
+        self.fields = dict(fields)
+        self.inputs = [n for n in self.names if n not in self.outputs] + list(self.fields)
         self.pool: dict = {}
 
         bridge = self
@@ -119,7 +136,9 @@ class _Bridge:
         call, nds, grads_in = {}, [], []
         for n in self.inputs:
             v = by_name[n]
-            if isinstance(v, torch.Tensor):
+            if n in self.fields:
+                grads_in.append(self._field_in(n, v))
+            elif isinstance(v, torch.Tensor):
                 ann = self.anns[self.names.index(n)]
                 dt, shape, es, needs_grad = describe(self.name, n, v, ann)
                 nd = self._ndarray(dt, shape, es, needs_grad)
@@ -144,30 +163,54 @@ class _Bridge:
             outs.append(nd)
         tape = Tape(clear_gradients=False)
         with tape:
-            self.fn(*(call[n] for n in self.names))
+            self.fn(*(call[n] for n in self.names if n not in self.fields))
         device = next((v.device for v in inputs if isinstance(v, torch.Tensor)), torch.device("cpu"))
         results = [torch.from_numpy(nd.to_numpy().reshape(self._shape_of(n, s, by_name))).to(device)
                    for nd, (n, s) in zip(outs, self.outputs.items())]
         if any(g is not None for g in grads_in):
             ctx.state = (tape, outs, grads_in, nds, [tuple(v.shape) if isinstance(v, torch.Tensor) else None
                                                      for v in inputs], device)
+            # the ndarrays hold this call's values until torch drops the graph
+            weakref.finalize(ctx, self._release, nds)
         else:
             self._release(nds)
         return results[0] if len(results) == 1 else tuple(results)
 
+    def _field_in(self, name: str, v):
+        """Copy a field input's tensor into the field; the field itself when its gradient is wanted."""
+        fld = self.fields[name]
+        if not isinstance(v, torch.Tensor):
+            raise WgpuAdError(f"{self.name}: field input '{name}' must be a tensor (e.g. wgpu_ad.torch.parameter"
+                              f"(field)), got {type(v).__name__}")
+        want = tuple(fld.shape) + tuple(fld.element_shape)
+        if tuple(v.shape) != want:
+            raise WgpuAdError(f"{self.name}: field input '{name}' must have shape {want}, got {tuple(v.shape)}")
+        fld.from_numpy(np.ascontiguousarray(v.detach().cpu().numpy(), dtype=np.float32))
+        if not v.requires_grad:
+            return None
+        if not fld.needs_grad:
+            raise WgpuAdError(f"{self.name}: field input '{name}' requires a gradient, but its field has none: "
+                              f"create it with needs_grad=True")
+        fld.grad.fill(0)
+        return fld
+
     def _backward(self, ctx, grad_outputs: tuple):
         tape, outs, grads_in, nds, shapes, device = ctx.state
-        ctx.state = None
         for nd, g in zip(outs, grad_outputs):
             if g is None:
                 nd.grad.fill(0)
             else:
                 nd.grad.from_numpy(np.ascontiguousarray(g.detach().cpu().numpy(), dtype=np.float32)
                                    .reshape(nd.shape + nd.element_shape))
-        tape.grad()
-        result = tuple(None if nd is None else torch.from_numpy(nd.grad.to_numpy().reshape(shape)).to(device)
-                       for nd, shape in zip(grads_in, shapes))
-        self._release(nds)
+        if tape.gradient_evaluated:  # another backward pass of the same forward pass
+            for nd in grads_in:
+                if nd is not None:
+                    nd.grad.fill(0)
+            tape.grad_again()
+        else:
+            tape.grad()
+        result = tuple(None if nd is None else torch.from_numpy(
+            np.ascontiguousarray(nd.grad.to_numpy()).reshape(shape)).to(device) for nd, shape in zip(grads_in, shapes))
         return result
 
 
@@ -180,4 +223,4 @@ def _annotations(fn, params) -> list:
     return [got.get(p.name) for p in params]
 
 
-__all__ = ["function"]
+__all__ = ["function", "parameter"]

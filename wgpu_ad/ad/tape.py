@@ -335,6 +335,19 @@ class Tape:
             from .gradcheck import check_recorded
             self.grad_check_report = check_recorded(self, self.grad_check)
 
+    def grad_again(self) -> None:
+        """Run the recorded entries' gradients once more, after grad() (for another seed: torch may
+        ask one forward pass for several backward passes). The caller seeds and zeroes gradients."""
+        if not self.gradient_evaluated:
+            raise WgpuAdError("tape.grad_again(): call tape.grad() first")
+        prev = state.in_backward
+        state.in_backward = True
+        try:
+            for e in reversed(self.entries):
+                e.backward()
+        finally:
+            state.in_backward = prev
+
     def replay(self) -> None:
         """Run the recorded entries forward again, in order (not recorded anywhere)."""
         prev = state.in_backward
