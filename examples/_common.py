@@ -6,9 +6,12 @@ The examples put their own folder on sys.path (Python does that for `python exam
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
+
+import numpy as np
 
 
 def add_view_args(parser: argparse.ArgumentParser, default_frames: int = 8) -> None:
@@ -95,3 +98,32 @@ class Progress:
         else:
             sys.stdout.write("\n")
             sys.stdout.flush()
+
+
+def plot_loss(history: list[float], path: str, title: str, headless: bool = True) -> None:
+    """The loss curve (log scale) drawn with the viewer's 2-D lines and saved as a PNG."""
+    import wgpu_ad as ti
+    x0, x1, y0, y1 = 0.12, 0.96, 0.14, 0.86   # the plot area in [0, 1]^2
+    gui = ti.GUI(f"{title}: loss", res=(640, 400), background_color=0xFFFFFF, headless=headless)
+    y = np.log10(np.maximum(np.asarray(history, np.float64), 1e-30))
+    lo, hi = math.floor(y.min()), math.ceil(y.max())
+    hi = hi if hi > lo else lo + 1
+    px = x0 + (x1 - x0) * np.arange(len(y)) / max(len(y) - 1, 1)
+    py = y0 + (y1 - y0) * (y - lo) / (hi - lo)
+    pts = np.stack([px, py], 1).astype(np.float32)
+    for dec in range(lo, hi + 1):  # a grid line and a label at every decade
+        yy = y0 + (y1 - y0) * (dec - lo) / (hi - lo)
+        gui.line((x0, yy), (x1, yy), radius=1, color=0xDDDDDD)
+        gui.text(f"1e{dec}", (0.01, yy + 0.02), font_size=14, color=0x444444)
+    gui.line((x0, y0), (x1, y0), radius=1.5, color=0x333333)
+    gui.line((x0, y0), (x0, y1), radius=1.5, color=0x333333)
+    if len(pts) > 1:
+        gui.lines(pts[:-1], pts[1:], radius=2, color=0x1565C0)
+    gui.circles(pts, radius=3, color=0x1565C0)
+    gui.text("0", (x0 - 0.01, y0 - 0.03), font_size=14, color=0x444444)
+    gui.text(str(len(y) - 1), (x1 - 0.02, y0 - 0.03), font_size=14, color=0x444444)
+    gui.text("iteration", (0.47, y0 - 0.03), font_size=14, color=0x444444)
+    gui.text(f"{title}: loss {history[0]:.3g} -> {history[-1]:.3g} ({history[0] / max(history[-1], 1e-30):.0f}x lower)",
+             (x0, 0.97), font_size=15, color=0x222222)
+    gui.show(path)
+    gui.close()

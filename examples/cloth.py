@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import wgpu_ad as ti  # noqa: E402
-from _common import Progress, add_view_args, adopt_headless, frame_file, resolve_view  # noqa: E402
+from _common import Progress, add_view_args, adopt_headless, frame_file, plot_loss, resolve_view  # noqa: E402
 
 GRAVITY = 9.8
 SPHERE_C, SPHERE_R = (0.0, 0.3, 0.0), 0.3   # the ground is the plane y = 0
@@ -256,34 +256,6 @@ def optimize(n: int = 12, duration: float = 0.45, iters: int = 30, lr: float = 0
     return history
 
 
-def plot_loss(history: list[float], path: str, headless: bool = True) -> None:
-    """The loss curve (log scale) drawn with the viewer's 2-D lines and saved as a PNG."""
-    x0, x1, y0, y1 = 0.12, 0.96, 0.14, 0.86   # the plot area in [0, 1]^2
-    gui = ti.GUI("cloth: loss", res=(640, 400), background_color=0xFFFFFF, headless=headless)
-    y = np.log10(np.maximum(np.asarray(history, np.float64), 1e-30))
-    lo, hi = math.floor(y.min()), math.ceil(y.max())
-    hi = hi if hi > lo else lo + 1
-    px = x0 + (x1 - x0) * np.arange(len(y)) / max(len(y) - 1, 1)
-    py = y0 + (y1 - y0) * (y - lo) / (hi - lo)
-    pts = np.stack([px, py], 1).astype(np.float32)
-    for dec in range(lo, hi + 1):  # a grid line and a label at every decade
-        yy = y0 + (y1 - y0) * (dec - lo) / (hi - lo)
-        gui.line((x0, yy), (x1, yy), radius=1, color=0xDDDDDD)
-        gui.text(f"1e{dec}", (0.01, yy + 0.02), font_size=14, color=0x444444)
-    gui.line((x0, y0), (x1, y0), radius=1.5, color=0x333333)
-    gui.line((x0, y0), (x0, y1), radius=1.5, color=0x333333)
-    if len(pts) > 1:
-        gui.lines(pts[:-1], pts[1:], radius=2, color=0x1565C0)
-    gui.circles(pts, radius=3, color=0x1565C0)
-    gui.text("0", (x0 - 0.01, y0 - 0.03), font_size=14, color=0x444444)
-    gui.text(str(len(y) - 1), (x1 - 0.02, y0 - 0.03), font_size=14, color=0x444444)
-    gui.text("iteration", (0.47, y0 - 0.03), font_size=14, color=0x444444)
-    gui.text(f"cloth: loss {history[0]:.3g} -> {history[-1]:.3g} ({history[0] / max(history[-1], 1e-30):.0f}x lower)",
-             (x0, 0.97), font_size=15, color=0x222222)
-    gui.show(path)
-    gui.close()
-
-
 # ---- drawing and interaction ----------------------------------------------------------------
 
 def _cam_vectors(camera) -> tuple:
@@ -416,7 +388,7 @@ def run_optimize(args, headless: bool, frames: int | None) -> list[float]:
           f"in {args.iters} iterations, {dt:.1f}s ({result['steps']} steps of a {args.opt_n}x{args.opt_n} cloth)")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "cloth_loss.png")
-    plot_loss(history, path)
+    plot_loss(history, path, "cloth")
     print(f"loss curve: {path}")
     # the learned throw: the stored trajectory of the last forward pass (the tape kept every step)
     opt = result["optimizer"]

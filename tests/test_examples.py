@@ -233,3 +233,14 @@ def test_cloth_mouse_picks_and_drags_a_vertex():
     q.on_mouse_button(None, 0, 0, 0)  # released: the cloth falls freely again
     live.frame()
     assert live.picked == -1
+
+
+def test_torch_splats_fits_and_writes_images(tmp_path):
+    """The PyTorch example: torch.optim.Adam through a wgpu_ad kernel lowers the loss and writes
+    the side-by-side picture and the loss curve."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0)")
+    out = run_example("torch_splats.py", ["--iters", "12", "--splats", "16", "--res", "24", "--out", str(tmp_path)])
+    first, last = (float(v) for v in out.split("loss ")[-1].split(" (")[0].split(" -> "))
+    assert last < first / 2, out
+    check_image(tmp_path / "torch_splats.png", (2 * 24 * 4 + 2 * 4, 24 * 4), min_colors=8)
+    check_image(tmp_path / "torch_splats_loss.png", (640, 400), min_colors=3)
