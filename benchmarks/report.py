@@ -139,6 +139,9 @@ def targets(out: dict) -> list[dict]:
         r = c["systems"].get(REF)
         _target(rows, "compile cloth (fwd + grad), first run < 1000 ms", r and r["first_ms"], 1000.0, True, "ms")
         _target(rows, "compile cloth (fwd + grad), cached < 50 ms", r and r["cached_ms"], 50.0, True, "ms")
+    t = out.get("torch")
+    if t:
+        _target(rows, "torch bridge fwd+bwd / bare kernels + copies <= 1.2", t.get("ratio"), 1.2)
     return rows
 
 

@@ -3,7 +3,8 @@
     python -m benchmarks [--quick] [--json out.json] [--only NAME[,NAME]] [--systems a,b] [--reps R]
     python benchmarks/run.py ...          (the same)
 
-NAME is a workload (gravity, cloth, reduction, scatter, launch) or `compile`. Each system runs
+NAME is a workload (gravity, cloth, reduction, scatter, launch), `compile`, or `torch` (the PyTorch
+bridge against bare kernels, wgpu_ad only; when torch is installed). Each system runs
 in its own worker process; within every repetition the systems take turns (A B C D A B C D ...)
 so machine noise hits all of them alike. Medians are printed with the ratio wgpu_ad / system
 (below 1: wgpu_ad is faster), then each system's loss and gradient entry against a float64
@@ -23,11 +24,11 @@ import time
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import compile_time, report
+from benchmarks import compile_time, report, torch_bridge
 from benchmarks.systems import ALL_SYSTEMS, Worker, WorkerError, default_systems
 from benchmarks.workloads import Case, full_cases, quick_cases
 
-WORKLOADS = ("gravity", "cloth", "reduction", "scatter", "launch", "compile")
+WORKLOADS = ("gravity", "cloth", "reduction", "scatter", "launch", "compile", "torch")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -123,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         cases = [c for c in cases if c.workload in args.only]
     do_compile = not args.only or "compile" in args.only
-    out = {"machine": machine_info(), "quick": args.quick, "systems": args.systems, "cases": [], "compile": None}
+    do_torch = (not args.only or "torch" in args.only) and "wgpu_ad" in args.systems
+    out = {"machine": machine_info(), "quick": args.quick, "systems": args.systems, "cases": [], "compile": None,
+           "torch": None}
     print(f"benchmarks on {out['machine']['cpu']} ({out['machine']['cores']} cores); systems: "
           f"{', '.join(args.systems)}{' (quick)' if args.quick else ''}", flush=True)
     load = out["machine"]["load_avg_at_start"]
@@ -147,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         if do_compile:
             out["compile"] = compile_time.measure(args.systems, quick=args.quick, reps=args.reps, tmp=tmp)
             print(report.compile_block(out["compile"]), flush=True)
+    if do_torch:
+        out["torch"] = torch_bridge.measure(args.quick, args.reps)
+        print(torch_bridge.block(out["torch"]), flush=True)
     print(report.summary_table(out), flush=True)
     if not args.quick:
         out["targets"] = report.targets(out)

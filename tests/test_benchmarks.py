@@ -62,3 +62,17 @@ def test_compile_times_are_measured(quick_run):
         r = c["systems"][s]
         assert r["first_ms"] > 0 and r["cached_ms"] > 0
         assert set(r["first_parts_ms"]) == {"step", "loss", "loss.grad", "step.grad"}
+
+
+def test_torch_bridge_row(quick_run):
+    """The bridge and the bare kernels give the same gradient, and both are timed (when torch is
+    installed; the row says why it is missing otherwise)."""
+    stdout, data, _ = quick_run
+    t = data["torch"]
+    assert "== torch bridge: splat renderer" in stdout
+    if importlib.util.find_spec("torch") is None:
+        assert "error" in t and "torch" in t["error"], t
+        return
+    assert "error" not in t, t
+    assert t["same_gradient"] and t["ms"]["bridge"] > 0 and t["ms"]["bare"] > 0
+    assert t["upload_mb_s"] > 0 and t["download_mb_s"] > 0
