@@ -236,3 +236,21 @@ def test_torch_gradcheck_passes_in_float32():
     x = torch.tensor(np.linspace(-1.0, 1.0, 7), dtype=torch.float32, requires_grad=True)
     with pytest.warns(UserWarning, match="double precision"):
         assert torch.autograd.gradcheck(f, (x,), eps=1e-2, atol=2e-3, rtol=1e-2)
+
+
+def test_tensors_inside_a_tape():
+    """A kernel launched with a tensor inside ti.ad.Tape: the backward pass copies the tensor in
+    again and accumulates its gradient into x.grad (loss = sum x^3 -> 3 x^2)."""
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def cubes(x: ti.types.ndarray()):
+        for i in x:
+            loss[None] += x[i] ** 3
+
+    x0 = np.linspace(-1.0, 1.0, 20)
+    x = torch.tensor(x0, dtype=torch.float32, requires_grad=True)
+    with ti.ad.Tape(loss=loss):
+        cubes(x)
+    assert loss[None] == pytest.approx((x0 ** 3).sum(), abs=1e-5)
+    np.testing.assert_allclose(x.grad.numpy(), 3 * x0 ** 2, rtol=1e-5, atol=1e-6)
