@@ -30,7 +30,7 @@ fn main(@builtin(workgroup_id) wg_id: vec3<u32>, @builtin(num_workgroups) n_wg: 
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read_write> x_grad: array<f32>;
-@group(0) @binding(2) var<storage, read> y_grad: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y_grad: array<f32>;
 
 @compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wg_id: vec3<u32>, @builtin(num_workgroups) n_wg: vec3<u32>,
@@ -48,6 +48,7 @@ fn main(@builtin(workgroup_id) wg_id: vec3<u32>, @builtin(num_workgroups) n_wg: 
         let s = sin(x_1);
         // reverse
         let v0 = y_grad[i];
+        y_grad[i] = 0.0f;
         let s_adj = v0 * x_1;
         let x_adj = v0 * s;
         let v1 = cos(x_1);

@@ -109,7 +109,7 @@ def _canonical(ir: Kernel) -> str:
     dims = sorted((canon[id(k)], tasks.get(id(t), -1), d) for k, (t, d) in ir.loop_dims.items() if id(k) in canon)
     head = (ir.loc, [(b.name, b.dtype.name, b.grad, b.source, b.vector) for b in ir.buffers],
             [(a.name, a.dtype.name, a.index, a.role) for a in ir.args], [t.block_dim for t in ir.tasks],
-            ir.debug, ir.uses_random, dims, len(ir.loop_dims) - len(dims))
+            ir.debug, ir.uses_random, dims, len(ir.loop_dims) - len(dims), sorted(map(repr, ir.no_grad)))
     return "\n".join([text, repr(head), repr(list(locs)), repr(extra)])
 
 

@@ -112,7 +112,12 @@ random = Builtin("random", lambda dtype=None: float(np.random.random()), _random
 
 
 def _stop_grad(o: Ops, x):
-    """Identity whose derivative is zero: a bitcast to the same type (BITCAST is not differentiable)."""
+    """Identity whose derivative is zero: a bitcast to the same type (BITCAST is not differentiable).
+    Given a field or an ndarray argument: no gradient flows into it from this kernel (its adjoint
+    leaves x.grad alone), Taichi's `ti.stop_grad(x)` on a field."""
+    if hasattr(x, "gpu_buffer") or getattr(x, "is_array_arg", False):
+        o.b.no_grad.append(x)
+        return None
     if isinstance(x, Mat):
         return Mat([_stop_grad(o, e) for e in x.entries], x.shape)
     if is_static(x):

@@ -229,6 +229,12 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
             if isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant):
                 continue
             if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and \
+                    _resolve(probe.globals, st.value.func) is B.stop_grad:
+                fl = new_lowerer(task_env(env))  # ti.stop_grad(field): a fact of the kernel, no code
+                with k.builder.at(Block()):
+                    fl.visit(st)
+                continue
+            if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and \
                     _resolve(probe.globals, st.value.func) is _loop_config_marker:
                 k.pending_config = {}
                 fl = new_lowerer(task_env(env))
@@ -272,6 +278,9 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
         k.arg_slot("_seed", u32, plan.Seed())
         kern.uses_random = True
     kern.debug = debug
+    kern.no_grad = frozenset(x.buffer.source if getattr(x, "is_array_arg", False) else k.buffers[id(x)].source
+                             for x in k.builder.no_grad
+                             if getattr(x, "is_array_arg", False) or id(x) in k.buffers)
     return kern, k.storages
 
 

@@ -28,6 +28,7 @@ class Builder:
     def __init__(self, block: Block | None = None):
         self.block = block if block is not None else Block()
         self.loc: SourceLoc | None = None  # stamped on every new statement
+        self.no_grad: list = []  # fields / ndarray arguments named by ti.stop_grad (the frontend's)
 
     def emit(self, op: Op, args=(), dtype: DType | None = None, attr: Any = None,
              blocks=(), name: str | None = None) -> Stmt:

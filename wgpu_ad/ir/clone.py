@@ -23,6 +23,7 @@ def clone_kernel(kernel: Kernel) -> Kernel:
     # the analyses of a clone read multi-indices (Stmt.index, shared with the original) through
     # loop_dims, so both keep naming the original's statements; only the tasks are the clone's
     k.loop_dims = {key: (m.get(id(t), t), d) for key, (t, d) in kernel.loop_dims.items()}
+    k.no_grad = kernel.no_grad
     return k
 
 

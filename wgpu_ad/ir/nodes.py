@@ -130,6 +130,8 @@ class Kernel:
     # reused by a later statement once the tagged one is dropped by a pass. Clones keep the keys
     # (their multi-indices name the original statements too, see ir/clone.py)
     loop_dims: dict = field(default_factory=dict)
+    # sources (plan records) of the buffers ti.stop_grad named: the adjoint gives them no gradient
+    no_grad: frozenset = frozenset()
 
 
 def walk(block: Block) -> Iterator[Stmt]:

@@ -10,7 +10,8 @@ the GPU there). CUDA tensors go through the host
 (there is no memory shared between CUDA and WebGPU): correct, but a copy each way.
 
 Gradients: `kernel.grad(...)` with torch tensors reads `t.grad` of the outputs as the seed and
-accumulates into `t.grad` of the inputs (creating it when absent), as Taichi's torch interop does.
+accumulates into `t.grad` of the inputs (the arguments the kernel reads; creating it when absent),
+as Taichi's torch interop does; the outputs' `.grad` tensors are not written.
 Only tensors with requires_grad=True have gradients. NumPy arrays carry none: pass a
 ti.ndarray(needs_grad=True) or a torch tensor where a gradient is wanted.
 """
@@ -131,12 +132,16 @@ class Externals:
         return tuple(out), bound
 
     @staticmethod
-    def to_host(bound: list, ck, grads: bool) -> None:
+    def to_host(bound: list, ck, grads: bool, inputs: set | None = None) -> None:
         """Copy back what the launch wrote: the arguments (grads=False) or the gradients (True)
-        that a task binds writable."""
+        that a task binds writable. With grads, only those of `inputs` (the arguments the forward
+        kernel reads): an output's gradient is the seed, which the adjoint consumes (zeroes) on the
+        device; the caller's tensor (often torch's own grad_output) is left as it was."""
         kind = plan.ArgGrad if grads else plan.Arg
         written = {ck.plan.buffers[b.key].arg for t in ck.tasks for b in t.bindings
                    if b.kind == "buffer" and not b.read_only and isinstance(ck.plan.buffers[b.key], kind)}
+        if grads:
+            written &= inputs or set()
         for pos, host, dev in bound:
             if pos not in written:
                 continue

@@ -6,6 +6,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .. import plan
 from ..compiler.options import current as _options
 from ..errors import CompileError, KernelArgError, WgpuAdError
 from ..types import MatrixType, VectorType, to_dtype
@@ -171,8 +172,10 @@ class Kernel:
                 ok = to_dtype(want) == v.dtype and tuple(v.element_shape) == ()
             if not ok:
                 raise KernelArgError(f"kernel '{self.__name__}': argument '{name}' must have dtype {want}, got {v.dtype} with element shape {tuple(v.element_shape)}")
+        # ti.types.ndarray(needs_grad=False): the argument gets no gradient in this kernel's adjoint
+        # even when the array has one (Taichi's meaning); None or True: as the array says
         return ArgSpec(name, "ndarray", v.dtype, tuple(v.element_shape), len(v.shape),
-                       needs_grad=bool(getattr(v, "needs_grad", False)))
+                       needs_grad=bool(getattr(v, "needs_grad", False)) and ann.needs_grad is not False)
 
     # ---- compilation ------------------------------------------------------------------
     def _get(self, args):
@@ -328,7 +331,9 @@ class _GradLauncher:
             dev, bound = EXTERNALS.to_device(k, args, k._ndarrays, with_grads=True)
             g, _specs, rt = k._get_grad(dev, launching=True)
             ret = launch(g, dev, rt)
-            Externals.to_host(bound, g.ck, grads=True)
+            read = {a.source.arg for a in k._get(dev)[0].plan.accesses
+                    if a.kind == "load" and isinstance(a.source, plan.Arg)}
+            Externals.to_host(bound, g.ck, grads=True, inputs=read)
             return ret
         g, _specs, rt = k._get_grad(args, launching=True)
         return launch(g, args, rt)

@@ -57,7 +57,7 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     buffers = list(k.buffers)
     by_source = {b.source: b for b in buffers}
     for b in k.buffers:
-        if b.grad or not b.dtype.is_float:
+        if b.grad or not b.dtype.is_float or b.source in kernel.no_grad:  # ti.stop_grad(field)
             continue
         src = grad_source(b)
         if src is None:

@@ -69,14 +69,6 @@ class AdjointEmitter:
         # values replayed inside an `if` are out of scope in the reverse `if`: they are copied
         # into variables declared at the replay root (the task body, or a reverse loop's body)
         self.root: Block | None = None
-        # buffers the kernel writes more than once: a store's adjoint zeroes the gradient
-        writes: dict[int, int] = {}
-        for t in kernel.tasks:
-            for x in list(walk(t.bounds)) + list(walk(t.body)):
-                if x.op in (Op.GLOBAL_STORE, Op.ATOMIC):
-                    key = id(x.attr[1] if x.op is Op.ATOMIC else x.attr)
-                    writes[key] = writes.get(key, 0) + 1
-        self.rewritten = {k for k, n in writes.items() if n > 1}
         self.in_branch = 0
         self.backup: dict[int, Stmt] = {}
 
@@ -277,14 +269,14 @@ class AdjointEmitter:
                     acc.index = s.index  # lets demote.py prove one writer per element
             elif op is Op.GLOBAL_STORE:
                 val = s.args[1]
-                if id(s.attr) in self.grads and (id(val) in self.active or id(s.attr) in self.rewritten):
+                if id(s.attr) in self.grads:
                     gbuf, idx = self.grads[id(s.attr)], self.pm[id(s.args[0])]
                     if id(val) in self.active:
                         self.accumulate(val, b.emit(Op.GLOBAL_LOAD, [idx], f32, gbuf))
-                    if id(s.attr) in self.rewritten:
-                        # the value before this store was overwritten: its gradient is zero
-                        # (an earlier write of the element, walked later in reverse, must see that)
-                        b.emit(Op.GLOBAL_STORE, [idx, b.const(0.0, f32)], None, gbuf)
+                    # the store consumes the element's adjoint: the value before it was
+                    # overwritten, so its gradient is zero (what an earlier write of the element,
+                    # in this kernel or an earlier one, must see in the backward pass; Taichi's rule)
+                    b.emit(Op.GLOBAL_STORE, [idx, b.const(0.0, f32)], None, gbuf)
             elif op is Op.ATOMIC:
                 self.rev_atomic(s)
             elif op in RULES and id(s) in self.active:

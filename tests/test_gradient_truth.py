@@ -1,0 +1,101 @@
+"""Silent wrong gradients that are gone (issue #16): each case against an analytic derivative.
+
+- ti.stop_grad(field) stops the gradient flowing into the field (it used to be ignored);
+- ti.types.ndarray(needs_grad=False) gives the argument no gradient (it used to be ignored);
+- a store consumes the element's adjoint: after the backward pass the gradient of a field a
+  kernel overwrote refers to its value before, which nothing read: zero (as in Taichi).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import wgpu_ad as ti
+
+pytestmark = pytest.mark.gpu
+
+
+def test_stop_grad_of_a_field():
+    """loss = sum x * y with ti.stop_grad(x): dloss/dy = x, and x.grad stays 0 (not y)."""
+    x = ti.field(ti.f32, shape=8, needs_grad=True)
+    y = ti.field(ti.f32, shape=8, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def dot():
+        ti.stop_grad(x)
+        for i in x:
+            loss[None] += x[i] * y[i]
+
+    x0 = np.arange(8, dtype=np.float32)
+    x.from_numpy(x0)
+    y.fill(2.0)
+    with ti.ad.Tape(loss):
+        dot()
+    assert loss[None] == pytest.approx(2.0 * x0.sum())
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.zeros(8))
+    np.testing.assert_array_equal(y.grad.to_numpy(), x0)
+
+
+def test_stop_grad_of_an_ndarray_argument_and_needs_grad_false():
+    """Two ways to keep an ndarray argument's gradient out: ti.stop_grad(a) in the kernel, and the
+    annotation ti.types.ndarray(needs_grad=False); the other argument gets its gradient."""
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def stopped(a: ti.types.ndarray(), b: ti.types.ndarray()):
+        ti.stop_grad(a)
+        for i in a:
+            loss[None] += a[i] * b[i] * b[i]
+
+    @ti.kernel
+    def annotated(a: ti.types.ndarray(needs_grad=False), b: ti.types.ndarray()):
+        for i in a:
+            loss[None] += a[i] * b[i] * b[i]
+
+    a0 = np.linspace(0.5, 2.0, 10).astype(np.float32)
+    b0 = np.linspace(-1.0, 1.0, 10).astype(np.float32)
+    for kernel in (stopped, annotated):
+        a = ti.ndarray(ti.f32, shape=10, needs_grad=True)
+        b = ti.ndarray(ti.f32, shape=10, needs_grad=True)
+        a.from_numpy(a0)
+        b.from_numpy(b0)
+        with ti.ad.Tape(loss):
+            kernel(a, b)
+        np.testing.assert_array_equal(a.grad.to_numpy(), np.zeros(10), err_msg=kernel.__name__)
+        np.testing.assert_allclose(b.grad.to_numpy(), 2 * a0 * b0, rtol=1e-6, err_msg=kernel.__name__)
+
+
+def test_a_store_consumes_the_adjoint_of_the_element():
+    """x -> a = 2x -> b = 3a -> loss = sum b: dloss/dx = 6, and a.grad, b.grad are the gradients
+    with respect to a and b before they were written: 0."""
+    x = ti.field(ti.f32, shape=5, needs_grad=True)
+    a = ti.field(ti.f32, shape=5, needs_grad=True)
+    b = ti.field(ti.f32, shape=5, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def make_a():
+        for i in x:
+            a[i] = 2 * x[i]
+
+    @ti.kernel
+    def make_b():
+        for i in x:
+            b[i] = 3 * a[i]
+
+    @ti.kernel
+    def total():
+        for i in x:
+            loss[None] += b[i]
+
+    x.from_numpy(np.arange(5, dtype=np.float32))
+    with ti.ad.Tape(loss):
+        make_a()
+        make_b()
+        total()
+    assert loss[None] == pytest.approx(6 * 10)
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.full(5, 6.0))
+    np.testing.assert_array_equal(a.grad.to_numpy(), np.zeros(5))
+    np.testing.assert_array_equal(b.grad.to_numpy(), np.zeros(5))
+
