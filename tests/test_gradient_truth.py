@@ -99,3 +99,33 @@ def test_a_store_consumes_the_adjoint_of_the_element():
     np.testing.assert_array_equal(a.grad.to_numpy(), np.zeros(5))
     np.testing.assert_array_equal(b.grad.to_numpy(), np.zeros(5))
 
+
+
+def test_normalized_with_eps_is_taichis_formula():
+    """v.normalized(eps) = v / (|v| + eps) (Taichi's definition), and its gradient: for
+    L = sum_k w_k u_k with u = v / (|v| + eps), dL/dv = w / s - (w . v) v / (|v| s^2), s = |v| + eps."""
+    v = ti.Vector.field(3, ti.f32, shape=4, needs_grad=True)
+    w = ti.Vector.field(3, ti.f32, shape=4)
+    out = ti.Vector.field(3, ti.f32, shape=4)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def unit(eps: ti.f32):
+        for i in v:
+            u = v[i].normalized(eps)
+            out[i] = u
+            loss[None] += u.dot(w[i])
+
+    rng = np.random.default_rng(5)
+    v0 = rng.standard_normal((4, 3))
+    w0 = rng.standard_normal((4, 3))
+    v.from_numpy(v0.astype(np.float32))
+    w.from_numpy(w0.astype(np.float32))
+    for eps in (0.0, 0.5):
+        with ti.ad.Tape(loss):
+            unit(eps)
+        n = np.linalg.norm(v0, axis=1, keepdims=True)
+        s = n + eps
+        np.testing.assert_allclose(out.to_numpy(), v0 / s, rtol=1e-5)
+        want = w0 / s - (w0 * v0).sum(1, keepdims=True) * v0 / (n * s * s)
+        np.testing.assert_allclose(v.grad.to_numpy(), want, rtol=1e-4, atol=1e-6)

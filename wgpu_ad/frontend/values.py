@@ -297,8 +297,11 @@ class Ops:
         return self.unary(Op.SQRT, self.cast(s, f32) if is_static(s) else s)
 
     def normalized(self, a: Mat, eps=0):
-        inv = self.binary(Op.DIV, 1.0, self.norm(a, eps))
-        return self._elementwise(Op.MUL, a, inv)
+        """a / (|a| + eps): Taichi's definition (eps is added to the norm, not under the root)."""
+        n = self.norm(a)
+        if not (is_static(eps) and eps == 0):
+            n = self.binary(Op.ADD, n, eps)
+        return self._elementwise(Op.MUL, a, self.binary(Op.DIV, 1.0, n))
 
     def cross(self, a: Mat, b: Mat):
         if a.shape == (3,) and b.shape == (3,):
