@@ -481,7 +481,7 @@ MAT_CASES = [
     ("determinant3", m_det3, lambda a, b, m, m2, v: np.sin(np.linalg.det(m)) + np.linalg.det(m)),
     ("inverse2", m_inv2, lambda a, b, m, m2, v: (np.linalg.inv(m2) @ v) @ v),
     ("inverse3", m_inv3, lambda a, b, m, m2, v: (np.linalg.inv(m) @ a) @ b),
-    ("normalized", m_normalized, lambda a, b, m, m2, v: (a / _n(a)) @ b + (b / _n(b, 1e-3))[2]),
+    ("normalized", m_normalized, lambda a, b, m, m2, v: (a / _n(a)) @ b + (b / (_n(b) + 1e-3))[2]),
     ("matvec", m_matvec, lambda a, b, m, m2, v: np.sum((m @ a) ** 2) + (m2 @ v)[1]),
 ]
 
