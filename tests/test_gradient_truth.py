@@ -129,3 +129,58 @@ def test_normalized_with_eps_is_taichis_formula():
         np.testing.assert_allclose(out.to_numpy(), v0 / s, rtol=1e-5)
         want = w0 / s - (w0 * v0).sum(1, keepdims=True) * v0 / (n * s * s)
         np.testing.assert_allclose(v.grad.to_numpy(), want, rtol=1e-4, atol=1e-6)
+
+
+def test_initialising_a_field_inside_the_tape_warns():
+    """Seed 000: v set to constants inside the tape, then read: v.grad is (rightly) zero, and a
+    GradientWarning names the kernel, the field and the fix. Clearing a grid that is accumulated
+    into before it is read (a scatter) does not warn."""
+    x = ti.field(ti.f32, shape=3, needs_grad=True)
+    v = ti.field(ti.f32, shape=3, needs_grad=True)
+    grid = ti.field(ti.f32, shape=3, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def ini_v():
+        for p in v:
+            v[p] = 0.1 * (p + 1)
+
+    @ti.kernel
+    def advance():
+        for p in x:
+            loss[None] += (x[p] + v[p]) ** 2
+
+    @ti.kernel
+    def clear():
+        for p in grid:
+            grid[p] = 0.0
+
+    @ti.kernel
+    def splat():
+        for p in x:
+            grid[p] += 2 * x[p]
+
+    @ti.kernel
+    def grid_loss():
+        for p in grid:
+            loss[None] += grid[p] ** 2
+
+    x.fill(1.0)
+    with pytest.warns(ti.ad.GradientWarning, match=r"kernel 'ini_v' overwrites field 'v' inside the tape with values "
+                                                  r"that carry no gradient, and kernel 'advance' reads them: after the "
+                                                  r"backward pass 'v'.grad is the gradient with respect to its value "
+                                                  r"before 'ini_v' ran, which nothing read, so zero. .* run 'ini_v' "
+                                                  r"before the tape"):
+        with ti.ad.Tape(loss):
+            ini_v()
+            advance()
+    np.testing.assert_array_equal(v.grad.to_numpy(), np.zeros(3))
+    np.testing.assert_allclose(x.grad.to_numpy(), 2 * (1.0 + 0.1 * np.arange(1, 4)), rtol=1e-6)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ti.ad.GradientWarning)
+        with ti.ad.Tape(loss):
+            clear()
+            splat()
+            grid_loss()
+    np.testing.assert_allclose(x.grad.to_numpy(), np.full(3, 8.0), rtol=1e-6)  # d/dx (2x)^2 = 8x

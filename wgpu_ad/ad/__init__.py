@@ -6,7 +6,7 @@ The adjoint kernels themselves come from the compiler (passes/autodiff) through 
 from .check import check_grad
 from .custom import GradReplaced, grad_for, grad_replaced, no_grad
 from .gradcheck import GradCheckError, GradCheckReport
-from .tape import Tape, clear_all_gradients
+from .tape import GradientWarning, Tape, clear_all_gradients
 
 __all__ = ["Tape", "clear_all_gradients", "grad_replaced", "grad_for", "no_grad", "GradReplaced",
-           "check_grad", "GradCheckReport", "GradCheckError"]
+           "check_grad", "GradCheckReport", "GradCheckError", "GradientWarning"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 from dataclasses import dataclass, field as dc_field
 from typing import Any, Callable
 
@@ -378,6 +379,7 @@ def check_flow(entries: list[TapeEntry], loss) -> None:
         infos.append((e, reads, writes, known))
     if not all(known for *_, known in infos):
         return  # kernels that cannot list their accesses: nothing to check against
+    _warn_initialisers(infos)
     if loss is not None and infos and not any(loss is w for _, _, ws, _ in infos for w in ws):
         raise WgpuAdError(
             f"ti.ad.Tape(loss=...): no kernel launched inside the tape writes the loss {describe(loss)}, so "
@@ -412,6 +414,36 @@ def check_flow(entries: list[TapeEntry], loss) -> None:
                 f"ti.ad.Tape: none of the fields read by the kernels on the tape has a gradient ({read}), so "
                 f"the backward pass cannot compute any. Create the fields you want gradients of with "
                 f"needs_grad=True (or call ti.root.lazy_grad() before the tape)")
+
+
+def _warn_initialisers(infos: list) -> None:
+    """Warn (once per tape) about a kernel that stores into a field with a gradient from values
+    that carry none, when a later kernel reads those very values: the field's gradient after the
+    backward pass is the gradient with respect to its value *before* that kernel, which nothing
+    read, so zero (seed 000: `v[p] = [0.1, 0.2, 0.3]` inside the tape, then v.grad is all zeros)."""
+    for n, (e, reads, _writes, _) in enumerate(infos):
+        if e.kind != "kernel" or any(_float(r) and r.needs_grad for r in reads):
+            continue
+        stored = {id(obj): obj for obj, kind, _ in e.fn.footprint(*e.args) if kind == "store"}
+        for obj in stored.values():
+            if not (_float(obj) and obj.needs_grad):
+                continue
+            for later, later_reads, later_writes, _ in infos[n + 1:]:
+                if any(r is obj for r in later_reads):
+                    warnings.warn(
+                        f"ti.ad.Tape: kernel '{e.name}' overwrites {describe(obj)} inside the tape with values "
+                        f"that carry no gradient, and kernel '{later.name}' reads them: after the backward pass "
+                        f"{quoted(obj)}.grad is the gradient with respect to its value before '{e.name}' ran, "
+                        f"which nothing read, so zero. To get the gradient with respect to the values "
+                        f"'{e.name}' writes, run '{e.name}' before the tape (outside the `with` block)",
+                        GradientWarning, stacklevel=4)
+                    return
+                if any(w is obj for w in later_writes):
+                    break  # written again (e.g. accumulated into) before anything read it
+
+
+class GradientWarning(UserWarning):
+    """A gradient that is mathematically right but is probably not the one the program wants."""
 
 
 def _n(s) -> str:
