@@ -184,3 +184,41 @@ def test_initialising_a_field_inside_the_tape_warns():
             splat()
             grid_loss()
     np.testing.assert_allclose(x.grad.to_numpy(), np.full(3, 8.0), rtol=1e-6)  # d/dx (2x)^2 = 8x
+
+
+def test_kernel_grad_by_hand_refuses_inputs_overwritten_since():
+    """k0 reads a, k1 overwrites a, then k1.grad(); k0.grad(): k0's adjoint would replay the new a
+    and give a silently wrong x.grad; it is refused, naming the kernel, the field and the writer.
+    The same program without the overwrite gives the analytic gradient."""
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    a = ti.field(ti.f32, shape=4, needs_grad=True)
+    y = ti.field(ti.f32, shape=4, needs_grad=True)
+
+    @ti.kernel
+    def k0():
+        for i in a:
+            y[i] = a[i] * x[i]
+
+    @ti.kernel
+    def k1():
+        for i in a:
+            a[i] = 10.0
+
+    x.fill(3.0)
+    a.fill(2.0)
+    k0()
+    y.grad.fill(1.0)
+    k0.grad()
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.full(4, 2.0))  # dy/dx = a = 2
+    k0()
+    k1()
+    k1.grad()
+    with pytest.raises(ti.WgpuAdError, match=r"k0.grad\(\): kernel 'k0' read field 'a' when it ran, and kernel 'k1' "
+                                             r"wrote it since, so the gradient would be computed from the new "
+                                             r"values and be silently wrong. Call k0.grad\(\) before a is "
+                                             r"overwritten"):
+        k0.grad()
+    k0()
+    a.from_numpy(np.full(4, 2.0, np.float32))  # the same values: still a write
+    with pytest.raises(ti.WgpuAdError, match=r"and from_numpy wrote it since"):
+        k0.grad()

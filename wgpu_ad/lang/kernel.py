@@ -3,6 +3,7 @@ lang/launch.py's."""
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -119,6 +120,7 @@ class Kernel:
         self.ret_dtype = None if ret in (inspect.Signature.empty, None) else to_dtype(ret)
         self._cache: dict = {}
         self._grad_cache: dict = {}
+        self._read_versions: dict = {}  # ids of the storages a launch read -> [(weakref, version)]
         self._last = None  # (epoch, compiled, specs) when every argument is a plain scalar
         self._scalar_only = all(not isinstance(a, (Template, NdarrayType, VectorType, MatrixType))
                                 and a not in (Template, NdarrayType) for a in self.anns)
@@ -209,8 +211,36 @@ class Kernel:
         if tape is not None:
             tape.record(self, args)
             if tape.defer(self, lc, args, rt):
+                self._note_versions(lc, args)
                 return None  # launched before anything else reaches the device, or fused with its adjoint
-        return launch(lc, args, rt)
+        ret = launch(lc, args, rt)
+        self._note_versions(lc, args)
+        return ret
+
+    def _note_versions(self, lc, args) -> None:
+        """A forward launch: bump the versions of what it wrote, remember those of what it read."""
+        for get in lc.writes:
+            st = get(args)
+            st.version += 1
+            st.writer = f"kernel '{self.__name__}'"
+        if lc.loads:
+            reads = [get(args) for get in lc.loads]
+            self._read_versions[tuple(map(id, reads))] = [(weakref.ref(st), st.version) for st in reads]
+
+    def _check_versions(self, lc, args) -> None:
+        """kernel.grad() by hand: refuse when a storage the last forward launch with these
+        arguments read was written since (its adjoint would replay the new values)."""
+        reads = [get(args) for get in lc.loads]
+        for ref, version in self._read_versions.get(tuple(map(id, reads)), ()):
+            st = ref()
+            if st is not None and st.version != version:
+                name = st.name or "the field"
+                raise WgpuAdError(
+                    f"{self.__name__}.grad(): kernel '{self.__name__}' read {st._label()} when it ran, and "
+                    f"{st.writer} wrote it since, so the gradient would be computed from the new values and be "
+                    f"silently wrong. Call {self.__name__}.grad() before {name} is overwritten (gradients go in "
+                    f"the reverse order of the launches), keep one copy per step ({name}[t + 1] = f({name}[t])), "
+                    f"or record the launches in ti.ad.Tape, which orders them for you")
 
     def _call_external(self, args):
         """A launch with host arrays (lang/external.py): copied in, launched, written back."""
@@ -335,6 +365,8 @@ class _GradLauncher:
                     if a.kind == "load" and isinstance(a.source, plan.Arg)}
             Externals.to_host(bound, g.ck, grads=True, inputs=read)
             return ret
+        if not (_ad_state or _ad()).in_backward:  # a tape checks its launches itself
+            k._check_versions(k._get(args)[0], args)
         g, _specs, rt = k._get_grad(args, launching=True)
         return launch(g, args, rt)
 

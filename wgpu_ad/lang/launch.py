@@ -56,6 +56,10 @@ class Launcher:
         self.alias_check = _alias_check(ck, specs)
         self.zero_check = _zero_check(p, self.storage) if p.zero_stores else None
         self.fuse_check = _fuse_check(p, self.storage) if p.fused is not None else None
+        # what a forward launch reads and writes, by storage (versions: lang/kernel.py)
+        srcs = compiled.storages
+        self.loads = [storage_getter(s, srcs) for s in dict.fromkeys(a.source for a in p.accesses if a.kind == "load")]
+        self.writes = [storage_getter(s, srcs) for s in dict.fromkeys(a.source for a in p.accesses if a.kind != "load")]
 
     @property
     def ir(self):

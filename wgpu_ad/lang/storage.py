@@ -78,6 +78,10 @@ class Storage(ABC):
         # True while every element is known to be zero (never written, or just filled with 0):
         # an adjoint can then store into a gradient instead of accumulating (lang/kernel.py)
         self.all_zero = True
+        # bumped by every write (a kernel launch that writes it, or Python scope): kernel.grad()
+        # refuses to run when what its forward launch read has changed since (lang/kernel.py)
+        self.version = 0
+        self.writer = ""  # who wrote it last, for that message
         self._grad: Storage | None = None
         self._gen = _rt.generation()
         self.is_grad = False
@@ -238,6 +242,7 @@ class Storage(ABC):
         arr = self._as_elements(value, self.element_shape, f"{self._label()}[{key!r}] = ...")
         es, nb = self.element_size, self.dtype.nbytes
         _rt.get_runtime().write(self.gpu_buffer(), np.broadcast_to(arr, self.element_shape).ravel(), flat * es * nb)
+        self.wrote("a Python-scope assignment")
 
     def _as_elements(self, value, shape: tuple, what: str) -> np.ndarray:
         """value as an array of our dtype that broadcasts to `shape` (a scalar or exactly `shape`)."""
@@ -281,6 +286,12 @@ class Storage(ABC):
                               f"{self._kind} without losing its kind; convert it first, e.g. "
                               f"arr.astype(np.{self.dtype.np.name})")
         _rt.get_runtime().write(self.gpu_buffer(), np.ascontiguousarray(a, dtype=self.dtype.np))
+        self.wrote("from_numpy")
+
+    def wrote(self, who: str) -> None:
+        """Note a write (see version)."""
+        self.version += 1
+        self.writer = who
 
     def fill(self, value) -> None:
         """Set every element to value (a scalar, or one element's vector / matrix)."""
@@ -291,6 +302,7 @@ class Storage(ABC):
             self.all_zero = not arr.any()
         else:
             rt.write(self.gpu_buffer(), np.tile(arr.ravel(), math.prod(self.shape)))
+        self.wrote("fill")
 
     def copy_from(self, other: "Storage") -> None:
         """Copy another field / ndarray of the same shape, element shape and dtype (on the GPU)."""
@@ -305,6 +317,7 @@ class Storage(ABC):
             return
         n = (self.nbytes + 3) // 4 * 4  # buffers are rounded up alike, so whole words are safe
         _rt.get_runtime().copy(other.gpu_buffer(), self.gpu_buffer(), n)
+        self.wrote("copy_from")
 
     def __repr__(self) -> str:
         shape = self._shape if self._shape is not None else "unplaced"
