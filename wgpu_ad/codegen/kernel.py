@@ -34,8 +34,8 @@ def _assert_codes(kernel: Kernel, debug: bool) -> tuple[dict[int, int], list[tup
     return codes, table
 
 
-def generate(kernel: Kernel, *, float_atomics: bool, debug: bool,
-             workgroup_size: int = 128, subgroups: bool = False, grid_cap: int | None = None) -> CompiledKernel:
+def generate(kernel: Kernel, *, float_atomics: bool, debug: bool, workgroup_size: int = 128,
+             subgroups: bool = False, grid_cap: int | None = None, loop_check: bool = False) -> CompiledKernel:
     """Compile every task of an IR kernel to a WGSL module; returns the runtime's plain data.
 
     float_atomics: use WGSL atomic<f32> add/sub (the device must have 'shader-float32-atomic');
@@ -46,21 +46,23 @@ def generate(kernel: Kernel, *, float_atomics: bool, debug: bool,
     when its invocations add to one element).
     grid_cap: the most workgroups the launcher gives a range task (Runtime.grid_cap): constant
     ranges it always covers get one iteration per thread instead of a grid-stride loop.
+    loop_check: every loop checks that it ran to its end (Mesa llvmpipe stops loops early).
     """
-    opts = Options(float_atomics, debug, workgroup_size, subgroups, grid_cap)
+    opts = Options(float_atomics, debug, workgroup_size, subgroups, grid_cap, loop_check)
     stack_words(kernel)  # stacks sized at launch read their capacity from the uniform block
     codes, table = _assert_codes(kernel, debug)
-    tasks, plans = [], []
+    tasks, plans, checked = [], [], False
     for k, task in enumerate(kernel.tasks):
         em = TaskEmitter(kernel, task, k, opts, codes)
         wgsl, bindings = em.module()
+        checked |= em.checks_loops
         tasks.append(CompiledTask(name=task.name or f"{kernel.name}_t{k}", wgsl=wgsl, entry_point="main",
                                   workgroup_size=em.wg, bindings=bindings, serial=em.serial))
         plans.append(task_plan(task, em.serial, em.wg, em.stack_caps, em.one_pass))
     launch_plan = plan.LaunchPlan(words=words_of(kernel), buffers=tuple(b.source for b in kernel.buffers),
                                   tasks=tuple(plans), grid_cap=grid_cap or DEFAULT_GRID_CAP)
     return CompiledKernel(name=kernel.name, tasks=tasks, arg_words=arg_words(kernel), plan=launch_plan,
-                          ret_dtype=kernel.ret, asserts=table)
+                          ret_dtype=kernel.ret, asserts=table, loop_check=checked)
 
 
 def format_wgsl(kernel: Kernel | CompiledKernel, *, float_atomics: bool = False, debug: bool = False,

@@ -15,7 +15,7 @@ from ..errors import CompileError
 from ..ir.nodes import ArgSlot, Block, Buffer, Kernel, Stmt, Task, walk, walk_task
 from ..ir.ops import AtomicKind, Op
 from ..ir.utils import jumps_to_loop
-from ..runtime.compiled import ERROR_WORDS, BindingSpec
+from ..runtime.compiled import ERROR_WORDS, LOOP_LIMIT_WORD, BindingSpec
 from .. import shaders
 from ..types import DType, f16, f32, i32, u1, u32
 from .names import Namer, identifiers
@@ -59,6 +59,9 @@ class Options:
     workgroup_size: int
     subgroups: bool = False   # the device has WGSL subgroup operations: aggregate atomic adds
     grid_cap: int | None = None  # the most workgroups a range launch gets (Runtime.grid_cap), if known
+    # check that every loop ran to its end (Mesa llvmpipe silently stops an invocation's loops after
+    # 65,535 iterations in total): a loop that exits any other way sets the error buffer's loop word
+    loop_check: bool = False
 
 
 @dataclass
@@ -105,6 +108,8 @@ class TaskEmitter:
         self.stack_offset: dict[int, str] = {}
         self.stack_caps: list = []     # per stack: its capacity (int, or the ArgSlot read at launch)
         self.one_pass = False          # a range task without a grid-stride loop (main())
+        self.loop_flags: list = []     # per open loop: its exit flag's name (loop_check), or None
+        self.checks_loops = False      # some loop here is checked (binds the error buffer)
         self.wg_sums: list[Stmt] = []  # workgroup sums of the epilogue (shared memory arrays)
         self._scan()
         self.mod_names = Namer(_fixed_names())
@@ -310,11 +315,14 @@ class TaskEmitter:
         elif op is Op.RANGE_FOR:
             self.range_for(s, d)
         elif op is Op.WHILE:
+            flag = self.open_loop(d, "loop")
             self.line(d, "loop {")
             self.block(s.blocks[0], d + 1)
             self.line(d, "}")
+            self.close_loop(d, flag)
         elif op is Op.BREAK:
-            self.line(d, "break;")
+            flag = self.loop_flags[-1] if self.loop_flags else None
+            self.line(d, f"{flag} = true; break;" if flag else "break;")
         elif op is Op.CONTINUE:
             self.line(d, "continue;")
         elif op is Op.RETURN:
@@ -398,9 +406,37 @@ class TaskEmitter:
         var = self.names.fresh(hint or "j")
         self.loop_var[id(s)] = var
         begin, end = (convert(self.ref(a), a.dtype, i32) for a in s.args)
-        self.line(d, f"for (var {var}: i32 = {begin}; {var} < {end}; {var} += 1i) {{")
+        flag = self.open_loop(d, var)
+        if flag is None:
+            self.line(d, f"for (var {var}: i32 = {begin}; {var} < {end}; {var} += 1i) {{")
+            self.block(s.blocks[0], d + 1, body=True)
+            self.line(d, "}")
+            return
+        self.line(d, f"var {var}: i32 = {begin};")
+        self.line(d, "loop {")
+        self.line(d + 1, f"if {var} >= {end} {{ {flag} = true; break; }}")
         self.block(s.blocks[0], d + 1, body=True)
+        self.line(d + 1, f"continuing {{ {var} += 1i; }}")
         self.line(d, "}")
+        self.close_loop(d, flag)
+
+    def open_loop(self, d: int, hint: str) -> str | None:
+        """Start a loop: with loop_check, declare its exit flag (set by every way out the program
+        takes); returns the flag's name, or None."""
+        if not self.opts.loop_check:
+            self.loop_flags.append(None)
+            return None
+        flag = self.names.fresh(f"{hint}_done")
+        self.line(d, f"var {flag} = false;")
+        self.loop_flags.append(flag)
+        self.checks_loops = True
+        return flag
+
+    def close_loop(self, d: int, flag: str | None) -> None:
+        """End a loop: a checked loop that left without its flag was stopped by the driver."""
+        self.loop_flags.pop()
+        if flag is not None:
+            self.line(d, f"if !{flag} {{ atomicMax(&{ERR_VAR}[{LOOP_LIMIT_WORD}], 1u); }}  // stopped by the driver")
 
     @property
     def ret_store_dtype(self) -> DType:
@@ -506,13 +542,20 @@ class TaskEmitter:
                          and hi.op is Op.CONST and int(hi.attr) - int(lo.attr) <= self.opts.grid_cap * wg
                          and not jumps_to_loop(t.body, Op.CONTINUE))
         part = "forward" if t.replay is None else "adjoint"
+        stride = "iter += min(num_threads, range_count - iter)"
         if self.one_pass:
             self.line(1, f"// {part}: one iteration per thread (the launch covers the range)")
             self.line(1, "let iter = thread_id;")
             self.line(1, "if iter < range_count {")
+        elif self.opts.loop_check:
+            self.line(1, f"// {part}")
+            self.line(1, "var iter = thread_id;")
+            self.line(1, "loop {")
+            self.line(2, "if iter >= range_count { break; }")
         else:
             self.line(1, f"// {part}")
-            self.line(1, "for (var iter = thread_id; iter < range_count; iter += min(num_threads, range_count - iter)) {")
+            self.line(1, f"for (var iter = thread_id; iter < range_count; {stride}) {{")
+        self.loop_flags.append(None)  # no break leaves the parallel loop
         hint = next((x.name for x in walk(t.body) if x.op is Op.LOOP_INDEX and x.attr is t and x.name), None)
         var = self.names.fresh(hint or "i")
         self.loop_var[id(t)] = var
@@ -520,7 +563,15 @@ class TaskEmitter:
         if self.uses_random:
             self.line(2, f"rng_seed({self.seed_expr()}, u32({var}), {2 * self.task_index + 1}u);")
         self.block(t.body, 2, body=True)
-        self.line(1, "}")
+        self.loop_flags.pop()
+        if self.opts.loop_check and not self.one_pass:
+            self.line(2, f"continuing {{ {stride}; }}")
+            self.line(1, "}")
+            self.line(1, f"if iter < range_count {{ atomicMax(&{ERR_VAR}[{LOOP_LIMIT_WORD}], 1u); }}  "
+                         f"// stopped by the driver")
+            self.checks_loops = True
+        else:
+            self.line(1, "}")
         if t.epilogue.stmts:
             self.line(1, "// epilogue: one atomic per workgroup")
             self.block(t.epilogue, 1)
@@ -571,7 +622,7 @@ class TaskEmitter:
             bind("buffer", f"var<storage, {access}> {name}: array<{elem}>;{note}", k, read_only)
         if self.has_return:
             bind("ret", f"var<storage, read_write> {RET_VAR}: array<{self.ret_store_dtype.wgsl}>;")
-        if self.has_assert:
+        if self.has_assert or self.checks_loops:
             bind("error", f"var<storage, read_write> {ERR_VAR}: array<atomic<u32>>;")
         if self.stacks:
             bind("stack", f"var<storage, read_write> {STACK_VAR}: array<u32>;  // autodiff stacks")

@@ -19,8 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# error buffer layout: [0] = 1 + index of the failed assert (0 = no error), [1..] = its values' bits
+# error buffer layout: [0] = 1 + index of the failed assert (0 = no error), [1..] = its values' bits;
+# then one more word, LOOP_LIMIT_WORD, set by kernels whose loops the driver stopped early
+# (CompiledKernel.loop_check; checked at the next read-back, runtime/device.py)
 ERROR_WORDS = 16
+LOOP_LIMIT_WORD = ERROR_WORDS
 
 
 @dataclass(frozen=True)
@@ -50,3 +53,4 @@ class CompiledKernel:
     ret_dtype: Any = None                                    # types.DType or None
     # ASSERT i failed -> message template (with {} per value) and the dtypes of its values
     asserts: list[tuple[str, list[Any]]] = field(default_factory=list)
+    loop_check: bool = False  # its loops report an early stop (by the driver) in LOOP_LIMIT_WORD

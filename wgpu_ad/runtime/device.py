@@ -21,7 +21,7 @@ import wgpu
 from ..types import DType, f32, to_dtype
 from ..errors import GpuError, KernelRuntimeError, WgpuAdError
 from . import adapter as _adapter
-from .compiled import ERROR_WORDS, CompiledKernel
+from .compiled import ERROR_WORDS, LOOP_LIMIT_WORD, CompiledKernel
 from .pipelines import WGPU_ERRORS, PipelineCache
 
 _STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
@@ -86,7 +86,8 @@ class Runtime:
         self._sbytes = bytearray(_STAGED_CAPACITY)
         self._soff = 0
         self._staging = None
-        self.error_buffer = self.create_storage(ERROR_WORDS * 4, "wgpu_ad.errors")
+        self.error_buffer = self.create_storage((ERROR_WORDS + 1) * 4, "wgpu_ad.errors")
+        self._loop_watch: dict[str, None] = {}  # loop-checked kernels launched since the last read-back
         self.ret_buffer = self.create_storage(16, "wgpu_ad.ret")
 
     def __repr__(self) -> str:
@@ -158,18 +159,41 @@ class Runtime:
         a0, a1 = offset // 4 * 4, (offset + nbytes + 3) // 4 * 4
         size = a1 - a0
         self._check_range(buffer, a0, size, "read")
-        staging = self._staging_buffer(size)
+        # loop-checked kernels ran: their loop word comes back in the same copy (no extra wait)
+        watch = 4 if self._loop_watch else 0
+        staging = self._staging_buffer(size + watch)
         self._end_pass()
-        self._get_encoder().copy_buffer_to_buffer(buffer, a0, staging, 0, size)
+        enc = self._get_encoder()
+        enc.copy_buffer_to_buffer(buffer, a0, staging, 0, size)
+        if watch:
+            enc.copy_buffer_to_buffer(self.error_buffer, LOOP_LIMIT_WORD * 4, staging, size, 4)
         self.flush()
         try:
-            staging.map_sync(wgpu.MapMode.READ, 0, size)
-            data = staging.read_mapped(0, size)  # a copy (memoryview of a bytearray)
+            staging.map_sync(wgpu.MapMode.READ, 0, size + watch)
+            data = staging.read_mapped(0, size + watch)  # a copy (memoryview of a bytearray)
             staging.unmap()
         except WGPU_ERRORS as e:
             raise GpuError(f"reading buffer '{buffer.label}' back failed: {e}") from None
         self._raise_if_lost()
+        if watch:
+            self._check_loops(int.from_bytes(data[size: size + 4], "little"))
         return data[offset - a0: offset - a0 + nbytes]
+
+    def _check_loops(self, stopped: int) -> None:
+        """Raise when a loop-checked kernel's loop was stopped by the driver (see compiled.py)."""
+        names = list(self._loop_watch)
+        self._loop_watch.clear()
+        if not stopped:
+            return
+        self.clear(self.error_buffer, 4, LOOP_LIMIT_WORD * 4)
+        who = f"kernel '{names[0]}'" if len(names) == 1 else \
+            f"one of the kernels {', '.join(repr(n) for n in names)}"
+        raise KernelRuntimeError(
+            f"{who}: a loop stopped before its end: this adapter's driver (Mesa llvmpipe / lavapipe) ends "
+            f"the loops of a shader invocation after 65,535 iterations in total, so the results since the "
+            f"last read-back are incomplete (this error is raised instead of returning them). Give each "
+            f"thread fewer loop iterations: a longer parallel loop (more threads), fewer serial iterations per "
+            f"thread, or the loop split across several launches")
 
     def copy(self, src: wgpu.GPUBuffer, dst: wgpu.GPUBuffer, nbytes: int,
              src_offset: int = 0, dst_offset: int = 0) -> None:
@@ -271,6 +295,8 @@ class Runtime:
         else:
             cpass.set_bind_group(0, bg)
         cpass.dispatch_workgroups(workgroups)
+        if ck.loop_check:
+            self._loop_watch[ck.name] = None
         self.dispatch_count += 1
         self._batch_kernels.append(ck.name)
         self._pending += 1
