@@ -222,3 +222,41 @@ def test_kernel_grad_by_hand_refuses_inputs_overwritten_since():
     a.from_numpy(np.full(4, 2.0, np.float32))  # the same values: still a write
     with pytest.raises(ti.WgpuAdError, match=r"and from_numpy wrote it since"):
         k0.grad()
+
+
+def test_a_store_in_a_loop_that_runs_once_is_differentiated():
+    """`for level in range(1)` around the loop that stores: one iteration cannot store twice (it
+    used to be refused as 'may be stored by more than one iteration or thread'); y = 3 x."""
+    x = ti.field(ti.f32, shape=6, needs_grad=True)
+    y = ti.field(ti.f32, shape=6, needs_grad=True)
+
+    @ti.kernel
+    def levels():
+        for level in range(1):
+            for i in x:
+                y[i] = 3 * x[i] + level
+
+    x.from_numpy(np.arange(6, dtype=np.float32))
+    levels()
+    np.testing.assert_array_equal(y.to_numpy(), 3 * np.arange(6))
+    y.grad.from_numpy(np.arange(1, 7, dtype=np.float32))
+    levels.grad()
+    np.testing.assert_array_equal(x.grad.to_numpy(), 3 * np.arange(1, 7))
+
+
+def test_a_loss_that_depends_on_nothing_with_a_gradient_gives_zero_gradients():
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def constant_loss():
+        loss[None] = 1.0
+
+    x.fill(5.0)
+    with pytest.warns(ti.ad.GradientWarning, match=r"none of the fields read by the kernels on the tape has a "
+                                                  r"gradient \(they read no float fields\), so every gradient "
+                                                  r"stays zero"):
+        with ti.ad.Tape(loss):
+            constant_loss()
+    assert loss[None] == 1.0
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.zeros(4))

@@ -410,10 +410,12 @@ def check_flow(entries: list[TapeEntry], loss) -> None:
         if not any(_float(r) and r.needs_grad for _, reads in active for r in reads):
             names = sorted({quoted(r) for _, reads in active for r in reads if _float(r)})
             read = f"they read {', '.join(names)}" if names else "they read no float fields"
-            raise WgpuAdError(
+            # Taichi gives zero gradients here, and so do we (the loss may truly not depend on
+            # anything with a gradient); the warning says why, in case that was not meant
+            warnings.warn(
                 f"ti.ad.Tape: none of the fields read by the kernels on the tape has a gradient ({read}), so "
-                f"the backward pass cannot compute any. Create the fields you want gradients of with "
-                f"needs_grad=True (or call ti.root.lazy_grad() before the tape)")
+                f"every gradient stays zero. If gradients were wanted, create those fields with "
+                f"needs_grad=True (or call ti.root.lazy_grad() before the tape)", GradientWarning, stacklevel=4)
 
 
 def _warn_initialisers(infos: list) -> None:

@@ -147,7 +147,7 @@ def _enclosing_loops(kernel: Kernel) -> dict[int, list]:
         for s in block.stmts:
             out[id(s)] = keys
             for b in s.blocks:
-                if s.op is Op.RANGE_FOR:
+                if s.op is Op.RANGE_FOR and not _at_most_once(*s.args):
                     visit(b, keys + [[("sloop", id(s))]])
                 elif s.op is Op.WHILE:
                     visit(b, keys + [[("while", id(s))]])
@@ -155,13 +155,20 @@ def _enclosing_loops(kernel: Kernel) -> dict[int, list]:
                     visit(b, keys)
     for t in kernel.tasks:
         visit(t.bounds, [])
-        if t.kind == "range":
+        if t.kind == "range" and not _at_most_once(t.begin, t.end):
             dims = sorted({d for (task, d) in kernel.loop_dims.values() if task is t})
             top = [[("pdim", id(t), d)] for d in dims] if dims else [[("ploop", id(t))]]
             visit(t.body, top)
         else:
             visit(t.body, [])
     return out
+
+
+def _at_most_once(begin, end) -> bool:
+    """A loop over constant bounds with at most one iteration (`for level in range(1)`): its
+    index takes one value, so it cannot make two writes meet."""
+    return (begin is not None and end is not None and begin.op is Op.CONST and end.op is Op.CONST
+            and int(end.attr) - int(begin.attr) <= 1)
 
 
 def _injective(w: Stmt, loops: list, ld: dict) -> bool:
