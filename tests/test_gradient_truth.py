@@ -260,3 +260,57 @@ def test_a_loss_that_depends_on_nothing_with_a_gradient_gives_zero_gradients():
             constant_loss()
     assert loss[None] == 1.0
     np.testing.assert_array_equal(x.grad.to_numpy(), np.zeros(4))
+
+
+def test_the_explicit_ewma_of_the_seed_issue_in_one_kernel():
+    """ewma[row, 0] = data[row, 0], then ewma[row, col] = a data[row, col] + (1 - a) ewma[row, col - 1]
+    for col in range(1, C): the first store comes before every read of the thread's row and the
+    loop's stores never touch column 0, so it is differentiated (it used to be refused).
+    d ewma[row, C-1] / d data[row, 0] = (1 - a)^(C-1), / d data[row, c] = a (1 - a)^(C-1-c)."""
+    R, C, a = 4, 7, 0.3
+    data = ti.field(ti.f32, shape=(R, C), needs_grad=True)
+    ewma = ti.field(ti.f32, shape=(R, C), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def smooth():
+        for row in range(R):
+            ewma[row, 0] = data[row, 0]
+            for col in range(1, C):
+                ewma[row, col] = a * data[row, col] + (1 - a) * ewma[row, col - 1]
+
+    @ti.kernel
+    def last_column():
+        for row in range(R):
+            loss[None] += ewma[row, C - 1] * (row + 1)
+
+    d0 = np.random.default_rng(4).random((R, C))
+    data.from_numpy(d0.astype(np.float32))
+    with ti.ad.Tape(loss):
+        smooth()
+        last_column()
+    ref = np.zeros((R, C))
+    ref[:, 0] = d0[:, 0]
+    for c in range(1, C):
+        ref[:, c] = a * d0[:, c] + (1 - a) * ref[:, c - 1]
+    np.testing.assert_allclose(ewma.to_numpy(), ref, rtol=1e-5)
+    w = np.array([(1 - a) ** (C - 1)] + [a * (1 - a) ** (C - 1 - c) for c in range(1, C)])
+    np.testing.assert_allclose(data.grad.to_numpy(), np.outer(np.arange(1, R + 1), w), rtol=1e-5)
+
+
+def test_a_shared_element_written_before_the_loop_is_still_refused():
+    """The same shape, but every thread writes row 0 first: another thread may overwrite an element
+    after this one read it, so the kernel is refused as before."""
+    data = ti.field(ti.f32, shape=(4, 5), needs_grad=True)
+    ewma = ti.field(ti.f32, shape=(4, 5), needs_grad=True)
+
+    @ti.kernel
+    def shared():
+        for row in range(4):
+            ewma[0, 0] = data[row, 0]
+            for col in range(1, 5):
+                ewma[row, col] = 0.5 * ewma[0, col - 1] + data[row, col]
+
+    shared()
+    with pytest.raises(ti.CompileError, match=r"cannot differentiate kernel 'shared': it reads field 'ewma'"):
+        shared.grad()

@@ -112,15 +112,19 @@ def check_global_access(kernel: Kernel) -> None:
         buf = s.attr[1] if s.op is Op.ATOMIC else s.attr
         by_buf.setdefault(id(buf), []).append(s)
     groups = list(by_buf.values())
+    loops = _enclosing_loops(kernel)
+    ranges = {id(s): s for t in kernel.tasks for s in walk(t.body) if s.op is Op.RANGE_FOR}
     for group in groups:  # reads first: their message is the more useful one
         loads = [s for s in group if s.op is Op.GLOBAL_LOAD]
         for w in (s for s in group if s.op is not Op.GLOBAL_LOAD):
             for load in loads:
                 if task_of[id(w)] < task_of[id(load)]:
                     continue  # an earlier dispatch wrote it: the replay reads the same value
-                if not _safe(load, w, pos[id(w)] < pos[id(load)], ld):
+                write_first = pos[id(w)] < pos[id(load)]
+                if not _safe(load, w, write_first, ld) and not (
+                        write_first and task_of[id(w)] == task_of[id(load)]
+                        and _own_earlier_write(load, w, loops, ld)):
                     _refuse_read_then_write(kernel, load, w)
-    loops = _enclosing_loops(kernel)
     for group in groups:
         writes = [s for s in group if s.op is not Op.GLOBAL_LOAD]
         for w in writes:
@@ -130,7 +134,8 @@ def check_global_access(kernel: Kernel) -> None:
                 if pos[id(w2)] <= pos[id(w)]:
                     continue
                 both_add = all(x.op is Op.ATOMIC and x.attr[0] in (AtomicKind.ADD, AtomicKind.SUB) for x in (w, w2))
-                if both_add or _safe_writes(w, w2, ld):
+                if both_add or _safe_writes(w, w2, ld) or (
+                        task_of[id(w)] == task_of[id(w2)] and _thread_apart(w, w2, loops, ld, ranges)):
                     continue
                 if _same_element(w, w2, ld) and task_of[id(w)] == task_of[id(w2)]:
                     # the same thread and iteration writes it twice (or in two branches): the
@@ -219,6 +224,60 @@ def _safe_writes(w1: Stmt, w2: Stmt, ld: dict) -> bool:
         if all(key is None for key in diff) and diff.get(None, 0) != 0 and _uniform(a):
             return True
     return False
+
+
+def _private_dims(a: Stmt, b: Stmt, loops: dict, ld: dict) -> list | None:
+    """For two accesses of one task: the per-dimension differences of their indices (b - a), when
+    the dimensions in which both are the same form together hold every parallel index of the task
+    (so they only ever touch elements of the thread that runs them); else None."""
+    if a.index is None or b.index is None or len(a.index) != len(b.index):
+        return None
+    par = {k for group in loops[id(a)] for k in group if k[0] in ("pdim", "ploop")}
+    if not par:
+        return None
+    covered, diffs = set(), []
+    for x, y in zip(a.index, b.index):
+        fa = affine(x, ld)
+        diff = _combine(affine(y, ld), fa, -1)
+        if all(c == 0 for c in diff.values()):
+            covered |= {k for k in fa if k is not None and k in par}
+        diffs.append(diff)
+    return diffs if covered == par else None
+
+
+def _own_earlier_write(load: Stmt, write: Stmt, loops: dict, ld: dict) -> bool:
+    """`write` comes before `load` in the thread's program, in no serial loop with it, and both
+    touch only the thread's own elements: every element it writes is written before it can be
+    read, and never after (ewma[row, 0] = ... before `for col in range(1, C)` reads ewma[row, col - 1])."""
+    serial = lambda s: {k for group in loops[id(s)] for k in group if k[0] in ("sloop", "while")}  # noqa: E731
+    if serial(load) & serial(write):
+        return False  # a later iteration's write would come after this iteration's read
+    return _private_dims(load, write, loops, ld) is not None
+
+
+def _thread_apart(w1: Stmt, w2: Stmt, loops: dict, ld: dict, ranges: dict) -> bool:
+    """Two writes of one task that touch only the thread's own elements and differ, within the
+    thread, in some dimension by an amount whose sign the loop bounds fix (ewma[row, 0] and
+    ewma[row, col] with col in range(1, C))."""
+    diffs = _private_dims(w1, w2, loops, ld)
+    return diffs is not None and any(_never_zero(d, ranges) for d in diffs)
+
+
+def _never_zero(diff: Affine, ranges: dict) -> bool:
+    """c * j + k for the index j of a serial loop with a constant start: never zero when its value
+    at the start has the sign of c (it only moves away from zero); or a nonzero constant."""
+    keys = [k for k in diff if k is not None]
+    k0 = diff.get(None, 0)
+    if not keys:
+        return k0 != 0
+    if len(keys) != 1 or keys[0][0] != "sloop":
+        return False
+    loop = ranges.get(keys[0][1])
+    if loop is None or loop.args[0].op is not Op.CONST:
+        return False
+    c = diff[keys[0]]
+    first = c * int(loop.args[0].attr) + k0
+    return first * c > 0
 
 
 def _line(s: Stmt) -> str:
