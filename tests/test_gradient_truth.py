@@ -314,3 +314,30 @@ def test_a_shared_element_written_before_the_loop_is_still_refused():
     shared()
     with pytest.raises(ti.CompileError, match=r"cannot differentiate kernel 'shared': it reads field 'ewma'"):
         shared.grad()
+
+
+def test_a_kernel_scope_value_from_a_pure_func_reaches_the_loop():
+    """s2 = h(p[None]) with a @ti.func that only computes (a + 0.5) is a kernel-scope value like
+    any expression, visible in the parallel loop (it used to be refused as 'runs as its own GPU
+    pass'): loss = sum (p + 0.5) x, dloss/dp = sum x, dloss/dx = p + 0.5."""
+    p = ti.field(ti.f32, shape=(), needs_grad=True)
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.func
+    def h(a):
+        return a + 0.5
+
+    @ti.kernel
+    def k():
+        s2 = h(p[None])
+        for i in x:
+            loss[None] += s2 * x[i]
+
+    p[None] = 1.0
+    x.from_numpy(np.arange(1, 5, dtype=np.float32))
+    with ti.ad.Tape(loss):
+        k()
+    assert loss[None] == pytest.approx(1.5 * 10)
+    assert p.grad[None] == pytest.approx(10.0)
+    np.testing.assert_allclose(x.grad.to_numpy(), np.full(4, 1.5))

@@ -124,8 +124,33 @@ def _is_pure(fl_globals: dict, st: ast.stmt) -> bool:
             return False
         if isinstance(n, ast.Call):
             f = _resolve(fl_globals, n.func)
-            if f is B.random or getattr(f, "_wgpu_ad_func", False) or \
-                    (isinstance(f, B.Builtin) and f.ref_first_arg):
+            if f is B.random or (isinstance(f, B.Builtin) and f.ref_first_arg) or \
+                    getattr(f, "_wgpu_ad_func", False) and not _func_is_pure(f, set()):
+                return False
+    return True
+
+
+def _func_is_pure(f, seen: set) -> bool:
+    """A @ti.func that computes a value only: it writes no field or ndarray element (nor any
+    subscript or attribute: a local vector's component counts, conservatively), draws no random
+    number, makes no atomic, and calls only such functions. Its value can be recomputed in every
+    task like any kernel-scope expression."""
+    if id(f) in seen:
+        return False  # recursion: not inlinable anyway
+    seen.add(id(f))
+    try:
+        tree = f.parsed().tree
+    except Exception:
+        return False
+    g = f.fn.__globals__
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Subscript, ast.Attribute)) and isinstance(n.ctx, ast.Store):
+            return False
+        if isinstance(n, ast.Call):
+            c = _resolve(g, n.func)
+            if c is B.random or (isinstance(c, B.Builtin) and c.ref_first_arg):
+                return False
+            if getattr(c, "_wgpu_ad_func", False) and not _func_is_pure(c, seen):
                 return False
     return True
 
