@@ -341,3 +341,29 @@ def test_a_kernel_scope_value_from_a_pure_func_reaches_the_loop():
     assert loss[None] == pytest.approx(1.5 * 10)
     assert p.grad[None] == pytest.approx(10.0)
     np.testing.assert_allclose(x.grad.to_numpy(), np.full(4, 1.5))
+
+
+def test_a_loss_overwritten_by_later_kernels():
+    """loss = x, then loss = 2x, then loss = 4x, nothing reading the earlier values: dloss/dx = 4
+    (Taichi's test of the shape; it used to be refused as a second store)."""
+    x = ti.field(ti.f32, shape=(), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def c1():
+        loss[None] = x[None]
+
+    @ti.kernel
+    def c2():
+        loss[None] = 2 * x[None]
+
+    @ti.kernel
+    def c4():
+        loss[None] = 4 * x[None]
+
+    x[None] = 1.5
+    with ti.ad.Tape(loss):
+        c1()
+        c2()
+        c4()
+    assert loss[None] == 6.0 and x.grad[None] == 4.0

@@ -5,8 +5,9 @@ same for every thread (computed from constants and the launch's arguments) and w
 rest (kernel.footprint). Before the backward pass, the tape refuses
   - a launch that writes elements an earlier launch read: the earlier kernel's gradient would
     replay with the new values (Taichi's rule #1, across kernels);
-  - a launch that stores (not accumulates) into elements an earlier launch wrote: the gradient of
-    the first value would be wrong (rule #2).
+  - a launch that combines with an atomic min / max / bit op into elements an earlier launch
+    wrote (rule #2; a store is fine: its adjoint consumes the element's gradient, so the earlier
+    value, which nothing read, gets zero, and an accumulation adds to it as its adjoint expects).
 Step-indexed state (x[t + 1] = f(x[t])) passes: its launches touch different elements.
 Tape(validation=True) replaces this check with an exact one on the values.
 """
@@ -68,16 +69,17 @@ def check_overwrites(entries) -> None:
                             f"wrong. Keep every version in its own elements (e.g. index the field by the "
                             f"step: x[t + 1] = f(x[t])), or check the actual values with "
                             f"ti.ad.Tape(..., validation=True)")
-                if kind in ("store", "atomic"):
+                if kind == "atomic":
                     bucket = writes.get(id(obj))
                     for w_idx, (w_name, w_n) in (bucket.candidates(idx) if bucket else ()):
                         if _overlap(idx, w_idx):
                             raise WgpuAdError(
-                                f"ti.ad.Tape: kernel '{name}' (launch {n} on the tape) overwrites elements of "
-                                f"{describe(obj)} that kernel '{w_name}' (launch {w_n}) wrote; the gradient of "
-                                f"the first value would be silently wrong. Accumulate with += instead, or "
-                                f"store each version in its own elements, or check the actual values with "
-                                f"ti.ad.Tape(..., validation=True)")
+                                f"ti.ad.Tape: kernel '{name}' (launch {n} on the tape) combines elements of "
+                                f"{describe(obj)} that kernel '{w_name}' (launch {w_n}) wrote with an atomic "
+                                f"min / max / bit operation; its gradient cannot tell which value won, so the "
+                                f"gradient of the first value could be silently wrong. Store each version in "
+                                f"its own elements, or check the actual values with ti.ad.Tape(..., "
+                                f"validation=True)")
             if e.kind == "no_grad":
                 continue  # no gradient replays its reads
             seen = set()

@@ -4,17 +4,15 @@ tape silently wrong across kernels (the compiler checks the same rules within on
 A kernel's adjoint replays its forward computation with the field values as they are when the
 backward pass runs, i.e. after the whole tape, and reads the gradient of what it wrote. So:
 
-  rule #1: nothing a kernel read may be overwritten by a later kernel;
-  rule #2: an element a kernel wrote may later only be accumulated into (+=), not stored again:
-           the earlier kernel's adjoint would read the gradient of the new value.
+  rule #1: nothing a kernel read may be overwritten by a later kernel.
+(An element a kernel wrote may be stored again later: the later store's adjoint consumes the
+element's gradient, so the earlier value, which nothing read, gets zero.)
 
-The tape knows fields, not single loads, so both are checked on values. For every kernel on
+The tape knows fields, not single loads, so the rule is checked on values. For every kernel on
 the tape the contents of the fields it touches are copied before and after its launch. Rule #1:
 if an element of a field it read changed after it ran (other than elements it wrote itself),
 the kernel is launched again with those fields as they are now; different results mean it read
 a changed element (x[t + 1] = f(x[t]) over a time axis passes: what changed was not read).
-Rule #2: a kernel writing a field an earlier kernel wrote is launched again from its start with
-that field's values jittered; elements that come out the same were stored, not accumulated.
 The refusal names the kernels, the field, an element and what to do.
 
 Costs a copy of the touched fields per launch and some relaunches: a debugging aid. Calls of
@@ -99,8 +97,6 @@ class Validator:
         checked = [k for k in self.launches if k.entry is not None and k.after is not None]
         for k in checked:
             self._check_launch(k)
-        for k in checked:
-            self._check_overwrite(k, [a for a in checked if a.position < k.position])
 
     def _check_launch(self, k: _Launch) -> None:
         final = _copy(k.touched)
@@ -156,53 +152,3 @@ class Validator:
             elif not np.array_equal(a, b):
                 return False
         return True
-
-    # ---- rule #2: a stored element must not be stored again -----------------------------------
-
-    def _check_overwrite(self, k: _Launch, earlier: list) -> None:
-        """Does k store (not accumulate) to an element an earlier kernel wrote? The earlier
-        kernel's adjoint would then read the gradient that belongs to k's value."""
-        for f in k.writes:
-            if not f.dtype.is_float:
-                continue
-            prior = [a for a in earlier if any(w is f for w in a.writes)]
-            if not prior:
-                continue
-            written = {a.name: _differs(a.before[id(f)], a.after[id(f)]) for a in prior}
-            stored = self._stored_elements(k, f)
-            for name, mask in written.items():
-                both = stored & mask
-                if both.any():
-                    self._refuse_overwrite(k, f, name, tuple(int(v) for v in np.argwhere(both)[0]))
-
-    def _stored_elements(self, k: _Launch, f) -> np.ndarray:
-        """Elements of f whose value after k does not depend on their value before k: relaunch
-        k from its start with f's elements jittered; a stored element comes out the same."""
-        final = _copy(k.touched)
-        rng = np.random.default_rng(0)
-        before = k.before[id(f)].astype(np.float64)
-        jitter = rng.uniform(0.5, 1.5, before.shape) * rng.choice([-1.0, 1.0], before.shape)
-        moved = (before + 1e-2 * np.maximum(1.0, np.abs(before)) * jitter).astype(k.before[id(f)].dtype)
-        for s in k.touched:
-            s.from_numpy(moved if s is f else k.before[id(s)])
-        prev = state.in_backward
-        state.in_backward = True
-        try:
-            k.entry.forward()
-            again = np.array(f.to_numpy(), copy=True)
-        finally:
-            state.in_backward = prev
-            for s in k.touched:
-                s.from_numpy(final[id(s)])
-        return (again == k.after[id(f)]) & _differs(moved, k.after[id(f)])
-
-    def _refuse_overwrite(self, k: _Launch, f, first: str, i: tuple) -> None:
-        n = name_of(f) or "x"
-        nd = len(f.shape)
-        where = (f"[{', '.join(map(str, i[:nd]))}]" if nd else "[None]") + \
-            (f"[{', '.join(map(str, i[nd:]))}]" if i[nd:] else "")
-        raise WgpuAdError(
-            f"ti.ad.Tape(validation=True): kernel '{k.name}' stores to {n}{where}, which kernel '{first}' "
-            f"wrote earlier on the tape. The gradient of '{first}' would read the gradient of the new value "
-            f"and be silently wrong (global data access rule #2: after the first write, an element may only "
-            f"be accumulated into with +=). Store to another field (e.g. one per step), or accumulate")
