@@ -367,3 +367,36 @@ def test_a_loss_overwritten_by_later_kernels():
         c2()
         c4()
     assert loss[None] == 6.0 and x.grad[None] == 4.0
+
+
+def test_the_explicit_ewma_with_its_first_column_in_a_kernel_of_its_own():
+    """The seed's explicit form split in two kernels: the first stores column 0, the second the
+    other columns from the previous ones (it used to be refused as a second store)."""
+    R, C, a = 3, 5, 0.4
+    data = ti.field(ti.f32, shape=(R, C), needs_grad=True)
+    ewma = ti.field(ti.f32, shape=(R, C), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def first_column():
+        for row in range(R):
+            ewma[row, 0] = data[row, 0]
+
+    @ti.kernel
+    def the_rest():
+        for row in range(R):
+            for col in range(1, C):
+                ewma[row, col] = a * data[row, col] + (1 - a) * ewma[row, col - 1]
+
+    @ti.kernel
+    def last_column():
+        for row in range(R):
+            loss[None] += ewma[row, C - 1]
+
+    data.from_numpy(np.random.default_rng(6).random((R, C)).astype(np.float32))
+    with ti.ad.Tape(loss):
+        first_column()
+        the_rest()
+        last_column()
+    w = np.array([(1 - a) ** (C - 1)] + [a * (1 - a) ** (C - 1 - c) for c in range(1, C)])
+    np.testing.assert_allclose(data.grad.to_numpy(), np.tile(w, (R, 1)), rtol=1e-5)
