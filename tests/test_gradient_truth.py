@@ -400,3 +400,53 @@ def test_the_explicit_ewma_with_its_first_column_in_a_kernel_of_its_own():
         last_column()
     w = np.array([(1 - a) ** (C - 1)] + [a * (1 - a) ** (C - 1 - c) for c in range(1, C)])
     np.testing.assert_allclose(data.grad.to_numpy(), np.tile(w, (R, 1)), rtol=1e-5)
+
+
+def test_vector_methods_and_math_functions_follow_taichis_formulas():
+    """Each method and ti.math function against NumPy, written from Taichi's definitions:
+    norm(eps) = sqrt(|v|^2 + eps), norm_inv(eps) = 1 / sqrt(|v|^2 + eps), normalized(eps) =
+    v / (|v| + eps), clamp = min(max(x, lo), hi), mix = x (1 - a) + y a, step = 0 if x < e else 1,
+    smoothstep(e0, e1, x) = t^2 (3 - 2t) with t = clamp((x - e0) / (e1 - e0), 0, 1),
+    fract = x - floor(x), exp2 = e^(x ln 2), log2 = ln x / ln 2, length / distance = norms."""
+    out = ti.field(ti.f32, shape=24)
+
+    @ti.kernel
+    def probe(vx: ti.f32, vy: ti.f32, vz: ti.f32, x: ti.f32):
+        v = ti.Vector([vx, vy, vz])
+        w = ti.Vector([0.5, -1.0, 2.0])
+        out[0] = v.norm(0.25)
+        out[1] = v.norm_inv(0.25)
+        u = v.normalized(0.5)
+        out[2], out[3], out[4] = u[0], u[1], u[2]
+        out[5] = v.norm_sqr()
+        c = v.cross(w)
+        out[6], out[7], out[8] = c[0], c[1], c[2]
+        out[9] = ti.math.clamp(x, -0.5, 0.25)
+        out[10] = ti.math.mix(1.0, 3.0, x)
+        out[11] = ti.math.step(0.1, x)
+        out[12] = ti.math.smoothstep(-1.0, 1.0, x)
+        out[13] = ti.math.fract(x * 3.0)
+        out[14] = ti.math.exp2(x)
+        out[15] = ti.math.log2(x + 2.0)
+        out[16] = ti.math.length(v)
+        out[17] = ti.math.distance(v, w)
+        out[18] = v.sum()
+        out[19] = v.max()
+        out[20] = v.min()
+        m = v.outer_product(w)
+        out[21] = m.trace()
+        out[22] = m.determinant()
+        out[23] = ti.math.sign(x - 0.3)
+
+    v = np.array([0.3, -1.2, 0.8])
+    w = np.array([0.5, -1.0, 2.0])
+    for x in (-0.7, 0.2, 0.9):
+        probe(*v, x)
+        n = np.linalg.norm(v)
+        t = np.clip((x + 1.0) / 2.0, 0.0, 1.0)
+        want = [np.sqrt(n * n + 0.25), 1 / np.sqrt(n * n + 0.25), *(v / (n + 0.5)), n * n, *np.cross(v, w),
+                min(max(x, -0.5), 0.25), 1.0 * (1 - x) + 3.0 * x, 0.0 if x < 0.1 else 1.0, t * t * (3 - 2 * t),
+                x * 3.0 - np.floor(x * 3.0), np.exp(x * np.log(2.0)), np.log(x + 2.0) / np.log(2.0), n,
+                np.linalg.norm(v - w), v.sum(), v.max(), v.min(), np.trace(np.outer(v, w)),
+                np.linalg.det(np.outer(v, w)), np.sign(x - 0.3)]
+        np.testing.assert_allclose(out.to_numpy(), want, rtol=2e-5, atol=2e-6, err_msg=f"x = {x}")
