@@ -106,7 +106,11 @@ def test_ewma_with_explicit_per_step_storage():
     np.testing.assert_allclose(data.grad.to_numpy(), central_diff(f, d0), rtol=1e-4, atol=1e-6)
 
 
-def test_recursive_ewma_is_refused_not_silently_wrong():
+def test_recursive_ewma_is_differentiated_exactly():
+    """The seed's recursive form with its first column in a branch: the element is promoted to a
+    loop-carried local and the read of its initial value replays a copy taken before the launch
+    (passes/autodiff/promote.py; it used to be refused). ewma = 0.5 d1 + 0.5 d0 (d0 overwrites the
+    initial value): d ewma / d d = (0.5, 0.5), d ewma / d ewma_initial = 0."""
     data = ti.field(ti.f32, shape=(1, 2), needs_grad=True)
     ewma = ti.field(ti.f32, shape=1, needs_grad=True)
 
@@ -119,13 +123,14 @@ def test_recursive_ewma_is_refused_not_silently_wrong():
                 else:
                     ewma[row] = 0.5 * data[row, col] + 0.5 * ewma[row]
 
-    calc_ewma()  # the forward pass is fine
-    with pytest.raises(ti.CompileError) as e:
-        calc_ewma.grad()
-    msg = str(e.value)
-    assert msg.startswith("cannot differentiate kernel 'calc_ewma': it reads field 'ewma' (line ")
-    assert "and then overwrites what it read" in msg
-    assert "ewma[t + 1] = f(ewma[t])" in msg
+    data.from_numpy(np.array([[2.0, 4.0]], np.float32))
+    ewma[0] = 7.0
+    calc_ewma()
+    assert ewma[0] == 3.0
+    ewma.grad.fill(1.0)
+    calc_ewma.grad()
+    np.testing.assert_array_equal(data.grad.to_numpy(), [[0.5, 0.5]])
+    assert ewma.grad[0] == 0.0
 
 
 def test_guide_rule_1_read_then_mutate_is_refused():

@@ -93,7 +93,15 @@ class ArgGrad:
     arg: int
 
 
-Source = Union[Field, FieldGrad, Arg, ArgGrad]
+@dataclass(frozen=True)
+class Snapshot:
+    """Entry `index` of the snapshots a launch of an adjoint gets after the call's arguments: a
+    copy, taken before the forward launch, of a field the kernel updates in place
+    (passes/autodiff/promote.py); LaunchPlan.snapshots of the forward says which."""
+    index: int
+
+
+Source = Union[Field, FieldGrad, Arg, ArgGrad, Snapshot]
 
 
 # ---- the plan ----------------------------------------------------------------------------------
@@ -132,6 +140,7 @@ class LaunchPlan:
     accesses: tuple = ()            # Access per distinct global access (the tape's checks)
     zero_stores: tuple = ()         # adjoints: buffer positions of zero-store candidates
     fused: tuple | None = None      # fused adjoints: buffer positions by kind (fuse.py)
+    snapshots: tuple = ()           # forward kernels: sources to copy before a launch (promote.py)
 
     @property
     def uses_random(self) -> bool:

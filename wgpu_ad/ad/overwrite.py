@@ -57,7 +57,7 @@ def check_overwrites(entries) -> None:
             fp = kernel.footprint(*args)
             name = kernel.__name__
             for obj, kind, idx in fp:
-                if kind == "load" or getattr(obj, "is_grad", False):
+                if kind in ("load", "load_before") or getattr(obj, "is_grad", False):
                     continue
                 bucket = reads.get(id(obj))
                 for r_idx, (r_name, r_n) in (bucket.candidates(idx) if bucket else ()):
@@ -84,6 +84,8 @@ def check_overwrites(entries) -> None:
                 continue  # no gradient replays its reads
             seen = set()
             for obj, kind, idx in fp:
+                if kind == "load_before":
+                    continue  # its gradient replays a copy taken before the launch
                 key = (id(obj), kind == "load", idx)
                 if key in seen:
                     continue  # the same elements through several statements: one entry

@@ -20,7 +20,7 @@ from ..codegen import generate
 from ..errors import CompileError, debug_enabled
 from ..frontend.kernel import lower_kernel
 from ..ir.nodes import Kernel
-from ..passes.autodiff import NotFusable, reverse_kernel
+from ..passes.autodiff import NotFusable, prepare_in_place, reverse_kernel
 from ..passes.autodiff.access import footprint
 from ..passes.pipeline import lower_for_codegen, optimize
 from ..runtime.compiled import CompiledKernel
@@ -77,10 +77,10 @@ def _codegen(ir: Kernel, opts: CompileOptions, **plan_facts) -> CompiledKernel:
     return ck
 
 
-def _accesses(ir: Kernel) -> tuple:
+def _accesses(ir: Kernel, snapshot_loads: frozenset) -> tuple:
     """The plan's Access records: footprint() with the affine forms over argument words."""
     out = []
-    for buf, kind, dims in footprint(ir):
+    for buf, kind, dims in footprint(ir, snapshot_loads):
         forms = tuple(None if d is None else tuple((None if k is None else k[1], c) for k, c in d) for d in dims)
         out.append(plan.Access(buf.source, kind, forms))
     return tuple(out)
@@ -100,7 +100,9 @@ def compile_kernel(fn, name: str, specs: list, ret_dtype, opts: CompileOptions) 
     ck = slot.load() if slot is not None else None
     if ck is None:
         ir = make_ir()
-        ck = user_errors(lambda: _codegen(ir, opts, accesses=_accesses(ir)))
+        _, bases, redirected = prepare_in_place(ir)  # (this promotes ir's loop-carried elements)
+        snaps = tuple(base.source for base, _ in bases)
+        ck = user_errors(lambda: _codegen(ir, opts, accesses=_accesses(ir, redirected), snapshots=snaps))
         if slot is not None:
             slot.store(ck)
     return Compiled(ck, storages, make_ir, slot)

@@ -383,6 +383,8 @@ def _range_task(k: KernelContext, new_lowerer, task_env, prelude, tasks, st: ast
         b = k.builder
         idx = b.loop_index(task, name="i" if isinstance(st.target, ast.Name) else "idx")
         if extents is None:
+            # dimension 0 of the task: the analyses name it the same way in the IR and its clones
+            k.kernel.loop_dims[idx] = (task, 0)
             indices = [idx if spec.step == 1 else o.binary(Op.ADD, spec.dims[0][0], o.binary(Op.MUL, idx, spec.step))]
         else:
             indices, rest = [None] * len(extents), idx

@@ -4,8 +4,9 @@ from __future__ import annotations
 from .nodes import Block, Kernel, Stmt, Task
 
 
-def clone_kernel(kernel: Kernel) -> Kernel:
-    m: dict[int, object] = {}
+def clone_kernel(kernel: Kernel, mapping: dict | None = None) -> Kernel:
+    """A deep copy; `mapping`, when given, receives id(original statement or task) -> its copy."""
+    m: dict[int, object] = {} if mapping is None else mapping
     tasks = []
     for t in kernel.tasks:
         nt = Task(t.kind, Block(), Block(), block_dim=t.block_dim, name=t.name)

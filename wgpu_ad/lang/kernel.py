@@ -121,6 +121,7 @@ class Kernel:
         self._cache: dict = {}
         self._grad_cache: dict = {}
         self._read_versions: dict = {}  # ids of the storages a launch read -> [(weakref, version)]
+        self._snaps: dict = {}  # ids of fields updated in place -> stack of their pre-launch copies
         self._last = None  # (epoch, compiled, specs) when every argument is a plain scalar
         self._scalar_only = all(not isinstance(a, (Template, NdarrayType, VectorType, MatrixType))
                                 and a not in (Template, NdarrayType) for a in self.anns)
@@ -213,10 +214,44 @@ class Kernel:
             if tape.defer(self, lc, args, rt):
                 self._note_versions(lc, args)
                 return None  # launched before anything else reaches the device, or fused with its adjoint
+        if lc.snapshots:
+            self._keep_snapshots(lc, args, tape is not None)
         ret = launch(lc, args, rt)
         self._note_versions(lc, args)
         return ret
 
+    def _keep_snapshots(self, lc, args, taped: bool) -> None:
+        """Before a forward launch that updates fields in place (passes/autodiff/promote.py):
+        copy them, for its adjoint's replay. Only when a gradient may be asked for (something it
+        reads has one); a tape keeps one copy per launch, a launch outside a tape only the last."""
+        if not any(get(args).needs_grad for get in lc.loads + lc.snapshots):
+            return
+        fields = [get(args) for get in lc.snapshots]
+        copies = []
+        for st in fields:
+            from .ndarray import Ndarray
+            c = Ndarray(st.dtype, st.shape, st.element_shape, name=f"{st.name}_before")
+            c.copy_from(st)
+            copies.append(c)
+        key = tuple(map(id, fields))
+        if taped:
+            self._snaps.setdefault(key, []).append(copies)
+        else:
+            self._snaps[key] = [copies]
+
+    def _pop_snapshots(self, lc, args) -> tuple:
+        """The copies kept for the latest forward launch with these fields (see _keep_snapshots)."""
+        if not lc.snapshots:
+            return ()
+        fields = [get(args) for get in lc.snapshots]
+        stack = self._snaps.get(tuple(map(id, fields)))
+        if not stack:
+            names = ", ".join(st._label() for st in fields)
+            raise WgpuAdError(
+                f"{self.__name__}.grad(): kernel '{self.__name__}' updates {names} in place, so its gradient "
+                f"needs the values from before its forward launch, and none were kept: launch it right "
+                f"before its .grad() (or inside ti.ad.Tape) while something it reads has a gradient")
+        return tuple(stack.pop())
     def _note_versions(self, lc, args) -> None:
         """A forward launch: bump the versions of what it wrote, remember those of what it read."""
         for get in lc.writes:
@@ -249,6 +284,8 @@ class Kernel:
             tape.record(self, args)  # the host arrays: the backward pass copies them in again
         dev, bound = EXTERNALS.to_device(self, args, self._ndarrays, with_grads=False)
         lc, _specs, rt = self._get(dev)
+        if lc.snapshots:
+            self._keep_snapshots(lc, dev, tape is not None)
         ret = launch(lc, dev, rt)
         Externals.to_host(bound, lc.ck, grads=False)
         return ret
@@ -360,15 +397,16 @@ class _GradLauncher:
         if k._ndarrays and k._has_external(args):
             dev, bound = EXTERNALS.to_device(k, args, k._ndarrays, with_grads=True)
             g, _specs, rt = k._get_grad(dev, launching=True)
-            ret = launch(g, dev, rt)
+            ret = launch(g, dev + k._pop_snapshots(k._get(dev)[0], dev), rt)
             read = {a.source.arg for a in k._get(dev)[0].plan.accesses
                     if a.kind == "load" and isinstance(a.source, plan.Arg)}
             Externals.to_host(bound, g.ck, grads=True, inputs=read)
             return ret
+        fwd = k._get(args)[0]
         if not (_ad_state or _ad()).in_backward:  # a tape checks its launches itself
-            k._check_versions(k._get(args)[0], args)
+            k._check_versions(fwd, args)
         g, _specs, rt = k._get_grad(args, launching=True)
-        return launch(g, args, rt)
+        return launch(g, args + k._pop_snapshots(fwd, args), rt)
 
 
 def kernel(fn: Callable) -> Kernel:

@@ -19,8 +19,9 @@ _FMT = {"f32": "f", "i32": "i", "u32": "I"}
 DYNAMIC_WORKGROUPS = 1024  # range bounds read from fields: grid-stride over this many workgroups
 
 
-def storage_getter(src: plan.Source, storages: list) -> Callable:
-    """call args -> the field / ndarray (or its gradient) a buffer source names."""
+def storage_getter(src: plan.Source, storages: list, n_args: int = 0) -> Callable:
+    """call args -> the field / ndarray (or its gradient) a buffer source names; a snapshot is
+    passed after the call's `n_args` arguments."""
     if isinstance(src, plan.Field):
         obj = storages[src.index]
         return lambda args: obj
@@ -33,6 +34,9 @@ def storage_getter(src: plan.Source, storages: list) -> Callable:
     if isinstance(src, plan.ArgGrad):
         k = src.arg
         return lambda args: args[k].grad
+    if isinstance(src, plan.Snapshot):
+        k = n_args + src.index
+        return lambda args: args[k]
     raise AssertionError(f"unknown buffer source {src!r} (compiler bug)")
 
 
@@ -46,7 +50,8 @@ class Launcher:
         self.specs = specs
         self.pack = _packer(ck.name, p.words, specs)
         self.bounds = [_bounds(t) for t in p.tasks]
-        self.storage = [storage_getter(src, compiled.storages) for src in p.buffers]
+        self.storage = [storage_getter(src, compiled.storages, len(specs)) for src in p.buffers]
+        self.snapshots = [storage_getter(src, compiled.storages) for src in p.snapshots]
         bound = {b.key for t in ck.tasks for b in t.bindings if b.kind == "buffer"}
         # a buffer no task binds (an ndarray's gradient in a forward kernel) is neither allocated
         # nor marked as written
@@ -59,7 +64,8 @@ class Launcher:
         # what a forward launch reads and writes, by storage (versions: lang/kernel.py)
         srcs = compiled.storages
         self.loads = [storage_getter(s, srcs) for s in dict.fromkeys(a.source for a in p.accesses if a.kind == "load")]
-        self.writes = [storage_getter(s, srcs) for s in dict.fromkeys(a.source for a in p.accesses if a.kind != "load")]
+        self.writes = [storage_getter(s, srcs) for s in dict.fromkeys(a.source for a in p.accesses
+                                                                      if a.kind not in ("load", "load_before"))]
 
     @property
     def ir(self):
@@ -69,7 +75,8 @@ class Launcher:
     def may_fuse(self) -> bool:
         """Whether a tape may defer this launch to fuse it with its adjoint: no return value, no
         asserts to report, no random numbers (the fused replay would draw others)."""
-        return self.ck.ret_dtype is None and not self.has_asserts and not self.plan.uses_random
+        return (self.ck.ret_dtype is None and not self.has_asserts and not self.plan.uses_random
+                and not self.plan.snapshots)
 
     def prepare(self, args) -> list:
         """The buffers of a launch with these arguments (allocating them, and marking them as
@@ -88,7 +95,7 @@ class Launcher:
         reads, writes = {}, {}
         for acc in self.plan.accesses:
             obj = storage_getter(acc.source, self.compiled.storages)(args)
-            (reads if acc.kind == "load" else writes)[id(obj)] = obj
+            (reads if acc.kind in ("load", "load_before") else writes)[id(obj)] = obj
         return list(reads.values()), list(writes.values())
 
     def footprint(self, args) -> list[tuple]:
@@ -230,12 +237,13 @@ def _zero_check(p: plan.LaunchPlan, storage: list) -> Callable:
     buffer of the launch (an ndarray passed twice). Called before the launch asks for its
     buffers, which marks them as written."""
     candidates = [(pos, storage[pos]) for pos in p.zero_stores]
+    bound = [get for get, src in zip(storage, p.buffers) if not isinstance(src, plan.Snapshot)]
 
     def check(args) -> tuple:
         zero = [(pos, st) for pos, st in ((pos, get(args)) for pos, get in candidates) if st.all_zero]
         if not zero:
             return ()
-        storages = [get(args) for get in storage]
+        storages = [get(args) for get in bound]
         return tuple(pos for pos, st in zero if sum(b is st for b in storages) == 1)
     return check
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ... import plan
 from ...ir.nodes import Buffer, Kernel
 from .checks import check_differentiable
 from ...ir.clone import clone_kernel
 from .demote import demote_atomics, task_buffers
 from .fuse import NotFusable, check_fusable, fused_access
 from .normalize import normalize_task
+from .promote import promote_elements, snapshot_loads
 from .reverse import AdjointEmitter
 from .transpose import split_pair_task
 
@@ -28,6 +30,28 @@ class AdjointInfo:
 
     zero_stores: tuple = ()
     fused: tuple | None = None
+    snapshots: tuple = ()  # sources of the fields whose pre-launch copies the adjoint reads
+
+
+def prepare_in_place(kernel: Kernel) -> tuple[Kernel, list, frozenset]:
+    """In-place updates made differentiable (promote.py): `kernel`'s loop-carried elements become
+    locals (in place: the same values, and the forward compiles that way too); then a copy whose
+    reads that an update overwrites read snapshot buffers (plan.Snapshot(j), j in order). Returns
+    the copy, the (field buffer, snapshot buffer) pairs and the ids of those reads in `kernel`."""
+    promote_elements(kernel)
+    found = snapshot_loads(kernel)
+    mapping: dict = {}
+    k = clone_kernel(kernel, mapping)
+    bases, redirected = [], set()
+    for loads in found.values():
+        base = loads[0].attr
+        snap = Buffer(base.name + "_before", base.dtype, plan.Snapshot(len(bases)), vector=base.vector)
+        k.buffers.append(snap)
+        bases.append((mapping.get(id(base), base), snap))
+        for load in loads:
+            mapping[id(load)].attr = snap
+            redirected.add(id(load))
+    return k, bases, frozenset(redirected)
 
 
 def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
@@ -47,11 +71,13 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     then the adjoint tasks, the first of which also does the last task's writes; raises
     NotFusable when that cannot be done.
     """
-    check_differentiable(kernel)
-    k = clone_kernel(kernel)
+    k, bases, redirected = prepare_in_place(kernel)
+    check_differentiable(kernel, redirected)
     if fuse:
         if not k.tasks:
             raise NotFusable("it has no tasks")
+        if bases:
+            raise NotFusable("it updates fields in place (its adjoint reads copies taken before the launch)")
         check_fusable(k.tasks[-1])
     grads: dict[int, Buffer] = {}
     buffers = list(k.buffers)
@@ -67,6 +93,9 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
             g = Buffer(b.name + ".grad", b.dtype, src, grad=True, vector=b.vector)
             buffers.append(g)
         grads[id(b)] = g
+    for base, snap in bases:  # a snapshot's gradient is its field's
+        if id(base) in grads:
+            grads[id(snap)] = grads[id(base)]
     flags = {id(t): normalize_task(t) for t in k.tasks}
     adjoints = []  # (adjoint task, the primal task it comes from, that task's loop_dims for demote.py)
     fused = None
@@ -94,6 +123,7 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
         candidates |= demote_atomics(loop_dims, nt, orig, shared, zero_ids)
     pos = {id(b): p for p, b in enumerate(buffers)}
     info = AdjointInfo(
+        snapshots=tuple(base.source for base, _ in bases),
         zero_stores=tuple(p for p, b in enumerate(buffers) if id(b) in candidates),
         fused=None if fused is None else tuple(tuple(pos[id(b)] for b in kind) for kind in
                                                (fused.primal_reads, fused.grad_reads, fused.fwd_writes,

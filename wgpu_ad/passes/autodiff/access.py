@@ -98,7 +98,7 @@ def _safe(load: Stmt, write: Stmt, write_first: bool, ld: dict) -> bool:
     return same_element and write_first
 
 
-def check_global_access(kernel: Kernel) -> None:
+def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset()) -> None:
     ld = kernel.loop_dims
     accesses = []
     for t in kernel.tasks:
@@ -115,7 +115,7 @@ def check_global_access(kernel: Kernel) -> None:
     loops = _enclosing_loops(kernel)
     ranges = {id(s): s for t in kernel.tasks for s in walk(t.body) if s.op is Op.RANGE_FOR}
     for group in groups:  # reads first: their message is the more useful one
-        loads = [s for s in group if s.op is Op.GLOBAL_LOAD]
+        loads = [s for s in group if s.op is Op.GLOBAL_LOAD and id(s) not in snapshot_loads]
         for w in (s for s in group if s.op is not Op.GLOBAL_LOAD):
             for load in loads:
                 if task_of[id(w)] < task_of[id(load)]:
@@ -232,9 +232,8 @@ def _private_dims(a: Stmt, b: Stmt, loops: dict, ld: dict) -> list | None:
     (so they only ever touch elements of the thread that runs them); else None."""
     if a.index is None or b.index is None or len(a.index) != len(b.index):
         return None
+    # (no parallel index: a serial task, or a parallel loop of at most one iteration: one thread)
     par = {k for group in loops[id(a)] for k in group if k[0] in ("pdim", "ploop")}
-    if not par:
-        return None
     covered, diffs = set(), []
     for x, y in zip(a.index, b.index):
         fa = affine(x, ld)
@@ -307,11 +306,13 @@ def _refuse_overwrite(kernel: Kernel, w1: Stmt, w2: Stmt):
         w2.loc)
 
 
-def footprint(kernel: Kernel) -> list[tuple]:
+def footprint(kernel: Kernel, snapshot_loads: frozenset = frozenset()) -> list[tuple]:
     """Per distinct global access of the kernel: (buffer, kind, dims) with kind 'load', 'store',
     'add' (atomic add / sub) or 'atomic', and dims per index dimension an affine form over
     argument words (("arg", word) keys and None for the constant) when it is the same for every
-    thread and iteration, else None. The tape's overwrite checks read it (ad/overwrite.py)."""
+    thread and iteration, else None. The tape's overwrite checks read it (ad/overwrite.py).
+    Loads in `snapshot_loads` (their adjoint replays a copy taken before the launch, promote.py)
+    have kind 'load_before': what later launches write cannot change what they see."""
     out, seen = [], set()
     for t in kernel.tasks:
         for blk in (t.bounds, t.body):
@@ -321,6 +322,8 @@ def footprint(kernel: Kernel) -> list[tuple]:
                 buf = _buf(s)
                 kind = {Op.GLOBAL_LOAD: "load", Op.GLOBAL_STORE: "store"}.get(s.op) or (
                     "add" if s.attr[0] in (AtomicKind.ADD, AtomicKind.SUB) else "atomic")
+                if id(s) in snapshot_loads:
+                    kind = "load_before"
                 if s.index is None:
                     dims = (None,)
                 else:

@@ -14,7 +14,9 @@ def _fail(kernel: Kernel, s: Stmt, msg: str):
     raise CompileError(f"cannot differentiate kernel '{kernel.name}': {msg}", s.loc)
 
 
-def check_differentiable(kernel: Kernel) -> None:
+def check_differentiable(kernel: Kernel, snapshot_loads: frozenset = frozenset()) -> None:
+    """snapshot_loads: ids of loads whose adjoint replay reads a copy of the field taken before the
+    launch (promote.py): no later write can change what they see."""
     for t in kernel.tasks:
         used = set()
         stmts = list(walk(t.bounds)) + list(walk(t.body))
@@ -39,4 +41,4 @@ def check_differentiable(kernel: Kernel) -> None:
             _fail(kernel, ret[0], "it returns from the middle of its body; a differentiated kernel may "
                                   "return only as its last statement")
     from .access import check_global_access
-    check_global_access(kernel)
+    check_global_access(kernel, snapshot_loads)

@@ -1,0 +1,138 @@
+"""In-place updates differentiated exactly (passes/autodiff/promote.py): the seed's recursive moving
+average as written, x[i] = f(x[i]), and a simulation whose state is updated in place over many
+launches on a tape. Gradients against float64 central differences or analytic derivatives."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import wgpu_ad as ti
+
+pytestmark = pytest.mark.gpu
+
+
+def central_diff(f, x0: np.ndarray, h: float = 1e-6) -> np.ndarray:
+    g = np.zeros_like(x0)
+    for idx in np.ndindex(x0.shape):
+        a, b = x0.copy(), x0.copy()
+        a[idx] += h
+        b[idx] -= h
+        g[idx] = (f(a) - f(b)) / (2 * h)
+    return g
+
+
+@pytest.mark.parametrize("form", ["assign", "scale_then_add"])
+def test_the_recursive_ewma_of_the_seed_issue_as_written(form):
+    """ewma[row] = 0.5 data[row, col] + 0.5 ewma[row] in a serial loop over col (Taichi and Warp
+    give a silently wrong gradient): loss = sum ewma^2, against central differences of the same
+    recursion in float64, for data and for ewma's initial values."""
+    R, C = 4, 6
+    data = ti.field(ti.f32, shape=(R, C), needs_grad=True)
+    ewma = ti.field(ti.f32, shape=R, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    if form == "assign":
+        @ti.kernel
+        def smooth():
+            for row in range(R):
+                for col in range(C):
+                    ewma[row] = 0.5 * data[row, col] + 0.5 * ewma[row]
+    else:
+        @ti.kernel
+        def smooth():
+            for row in range(R):
+                for col in range(C):
+                    ewma[row] *= 0.5
+                    ewma[row] += 0.5 * data[row, col]
+
+    @ti.kernel
+    def total():
+        for row in range(R):
+            loss[None] += ewma[row] ** 2
+
+    rng = np.random.default_rng(1)
+    d0, e0 = rng.random((R, C)), rng.random(R)
+    data.from_numpy(d0.astype(np.float32))
+    ewma.from_numpy(e0.astype(np.float32))
+    with ti.ad.Tape(loss):
+        smooth()
+        total()
+
+    def f(d, e):
+        for c in range(C):
+            e = 0.5 * d[:, c] + 0.5 * e
+        return (e ** 2).sum()
+    assert loss[None] == pytest.approx(f(d0, e0), rel=1e-5)
+    np.testing.assert_allclose(data.grad.to_numpy(), central_diff(lambda d: f(d, e0), d0), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(ewma.grad.to_numpy(), central_diff(lambda e: f(d0, e), e0), rtol=1e-4, atol=1e-6)
+
+
+def test_an_element_updated_from_its_own_value():
+    """x[i] = x[i]^2 + y[i], loss = sum x: dloss/dx (before) = 2 x, dloss/dy = 1; by hand with
+    kernel.grad(), which uses the copy of x taken before the forward launch."""
+    x = ti.field(ti.f32, shape=5, needs_grad=True)
+    y = ti.field(ti.f32, shape=5, needs_grad=True)
+
+    @ti.kernel
+    def square_add():
+        for i in x:
+            x[i] = x[i] * x[i] + y[i]
+
+    x0 = np.linspace(-1.0, 1.0, 5)
+    x.from_numpy(x0.astype(np.float32))
+    y.fill(0.5)
+    square_add()
+    np.testing.assert_allclose(x.to_numpy(), x0 ** 2 + 0.5, rtol=1e-6)
+    x.grad.fill(1.0)
+    square_add.grad()
+    np.testing.assert_allclose(x.grad.to_numpy(), 2 * x0, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(y.grad.to_numpy(), np.ones(5))
+    with pytest.raises(ti.WgpuAdError, match=r"square_add.grad\(\): kernel 'square_add' updates field 'x' in "
+                                             r"place, so its gradient needs the values from before its forward "
+                                             r"launch, and none were kept"):
+        square_add.grad()  # the copy was used up by the first .grad()
+
+
+def test_a_simulation_updated_in_place_over_many_launches():
+    """A damped oscillator per particle, state (x, v) updated in place by one kernel launched 50
+    times on a tape (one copy per launch is kept); loss = sum x_T^2 against float64 central
+    differences of the same integrator in the initial velocities and the stiffness."""
+    n, steps, dt = 6, 50, 0.05
+    x = ti.field(ti.f32, shape=n, needs_grad=True)
+    v = ti.field(ti.f32, shape=n, needs_grad=True)
+    k = ti.field(ti.f32, shape=(), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def step():
+        for i in x:
+            v[i] = v[i] * 0.99 - dt * k[None] * x[i]
+            x[i] = x[i] + dt * v[i]
+
+    @ti.kernel
+    def total():
+        for i in x:
+            loss[None] += x[i] ** 2
+
+    x0 = np.linspace(0.1, 1.0, n)
+    v0 = np.linspace(-0.5, 0.5, n)
+    k0 = 3.0
+
+    def simulate(vv, kk):
+        xx, vv = x0.copy(), vv.copy()
+        for _ in range(steps):
+            vv = vv * 0.99 - dt * kk * xx
+            xx = xx + dt * vv
+        return (xx ** 2).sum()
+
+    x.from_numpy(x0.astype(np.float32))
+    v.from_numpy(v0.astype(np.float32))
+    k[None] = k0
+    with ti.ad.Tape(loss):
+        for _ in range(steps):
+            step()
+        total()
+    assert loss[None] == pytest.approx(simulate(v0, k0), rel=1e-4)
+    np.testing.assert_allclose(v.grad.to_numpy(), central_diff(lambda vv: simulate(vv, k0), v0), rtol=1e-3, atol=1e-5)
+    dk = (simulate(v0, k0 + 1e-6) - simulate(v0, k0 - 1e-6)) / 2e-6
+    assert k.grad[None] == pytest.approx(dk, rel=1e-3)

@@ -1,0 +1,179 @@
+"""In-place updates made differentiable: loop-carried field elements become locals, and the reads
+that an update overwrites read a snapshot taken before the launch.
+
+The seed's moving average, written the natural way,
+
+    for row in range(R):                  # parallel
+        for col in range(C):              # serial
+            ewma[row] = 0.5 * data[row, col] + 0.5 * ewma[row]
+
+reads and overwrites one element in every iteration: an adjoint that replays the reads sees only
+the last value (Taichi and Warp give a silently wrong gradient). Two steps make it exact:
+
+1. promote_elements: an element a serial loop reads and writes, with one index value computed
+   before the loop, that holds every parallel index (no other thread touches it), becomes a local:
+   loaded before the loop, stored after it. Reverse mode keeps the local's versions on its loop
+   stack like any mutable local.
+2. snapshot_loads: what is left is `x[i] = f(x[i])`, a read of an element that the same thread
+   overwrites later in the kernel. Such a read gets its value from a snapshot of the field taken
+   before the launch (plan.Snapshot): the launcher copies the field, and the adjoint's replay reads
+   the copy, so it sees what the forward saw. Its gradient goes to the field's gradient as usual.
+
+Everything else keeps the access rules' checks and their clear errors (access.py).
+"""
+from __future__ import annotations
+
+from ...ir.nodes import Block, Kernel, Stmt, Task, walk
+from ...ir.ops import AtomicKind, Op
+from ...ir.utils import substitute
+from .access import _at_most_once, _enclosing_loops, _private_dims, affine
+
+
+def promote_elements(kernel: Kernel) -> Kernel:
+    """Rewrite, in place, every qualifying element of every serial loop of the range tasks; and
+    forward stores to later loads of the same element in the same block (the thread's own element:
+    the load reads what the thread just stored), so that no load sees a value stored in the launch."""
+    for t in kernel.tasks:
+        if t.kind == "range":
+            par = _parallel_keys(kernel, t)
+            if par is not None:
+                mapping: dict = {}
+                _forward(t.body, kernel, par, mapping)
+                substitute(kernel, mapping)
+            _block(t.body, kernel, par)
+    return kernel
+
+
+def _forward(block: Block, kernel: Kernel, par: set, mapping: dict) -> None:
+    last: dict = {}   # id(buffer) -> (index value, stored value) of the block's last store
+    keep = []
+    for s in block.stmts:
+        if s.op is Op.GLOBAL_LOAD:
+            hit = last.get(id(s.attr))
+            if hit is not None and s.args[0] is hit[0]:
+                mapping[s] = hit[1]
+                continue  # the load is gone: its users read the stored value
+        elif s.op is Op.GLOBAL_STORE:
+            last[id(s.attr)] = (s.args[0], s.args[1]) if _private(s, kernel, par) else None
+        elif s.op is Op.ATOMIC:
+            last.pop(id(s.attr[1]), None)
+        if s.blocks:
+            for b in s.blocks:
+                _forward(b, kernel, par, mapping)
+            last.clear()  # what nested blocks store is not known here
+        keep.append(s)
+    block.stmts = keep
+
+
+def snapshot_loads(kernel: Kernel) -> dict[int, list]:
+    """id(buffer) -> the loads of it whose element the same thread overwrites later in the task,
+    in no serial loop with the load, touching only the thread's own elements: they must read the
+    value from before the launch."""
+    loops = _enclosing_loops(kernel)
+    ld = kernel.loop_dims
+    out: dict[int, list] = {}
+    for t in kernel.tasks:
+        if t.kind != "range":
+            continue
+        order = [s for s in walk(t.body) if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE)]
+        for n, load in enumerate(order):
+            if load.op is not Op.GLOBAL_LOAD or load.attr.grad or not load.attr.dtype.is_float:
+                continue
+            for w in order[n + 1:]:
+                if w.op is not Op.GLOBAL_STORE or w.attr is not load.attr:
+                    continue
+                diffs = _private_dims(load, w, loops, ld)
+                shared = _serial(loops, load) & _serial(loops, w)
+                if diffs is not None and not shared and all(all(c == 0 for c in d.values()) for d in diffs):
+                    out.setdefault(id(load.attr), []).append(load)
+                    break
+    return out
+
+
+def _serial(loops: dict, s: Stmt) -> set:
+    return {k for group in loops[id(s)] for k in group if k[0] in ("sloop", "while")}
+
+
+def _parallel_keys(kernel: Kernel, t: Task) -> set | None:
+    """The keys of the task's parallel indices (none for a loop of at most one iteration: one
+    thread), or None when the analyses cannot name them."""
+    if _at_most_once(t.begin, t.end):
+        return set()
+    dims = {d for (task, d) in kernel.loop_dims.values() if task is t}
+    return {("pdim", id(t), d) for d in dims} if dims else None
+
+
+def _block(block: Block, kernel: Kernel, par: set) -> None:
+    k = 0
+    while k < len(block.stmts):
+        s = block.stmts[k]
+        for b in s.blocks:
+            _block(b, kernel, par)  # inner loops first: an outer loop then sees their locals
+        if s.op in (Op.RANGE_FOR, Op.WHILE) and par is not None:
+            before, after = _promote_loop(s, kernel, par)
+            block.stmts[k:k + 1] = before + [s] + after
+            k += len(before) + len(after)
+        k += 1
+
+
+def _promote_loop(loop: Stmt, kernel: Kernel, par: set) -> tuple[list, list]:
+    inside = list(walk(loop.blocks[0]))
+    ids = {id(x) for x in inside}
+    by_buf: dict[int, list] = {}
+    for x in inside:
+        if x.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE):
+            by_buf.setdefault(id(x.attr), []).append(x)
+        elif x.op is Op.ATOMIC:
+            by_buf.setdefault(id(x.attr[1]), []).append(x)
+    used = {id(a) for x in inside for a in x.args}
+    before, after = [], []
+    for accesses in by_buf.values():
+        first = accesses[0]
+        idx = first.args[0]
+        # `e[i] += v` is an atomic add whose old value nobody uses: on a local it is e = e + v
+        adds = [x for x in accesses if x.op is Op.ATOMIC]
+        if (any(x.attr[0] not in (AtomicKind.ADD, AtomicKind.SUB) or id(x) in used for x in adds)
+                or any(x.args[0] is not idx for x in accesses) or id(idx) in ids
+                or not any(x.op is not Op.GLOBAL_LOAD for x in accesses)
+                or not any(x.op is not Op.GLOBAL_STORE for x in accesses) or not _private(first, kernel, par)):
+            continue
+        buf = first.attr[1] if first.op is Op.ATOMIC else first.attr
+        index = first.index
+        var = Stmt(Op.ALLOCA, buf.dtype, [], buf.name, name=buf.name.replace(".", "_"), loc=loop.loc)
+        init = Stmt(Op.GLOBAL_LOAD, buf.dtype, [idx], buf, name=buf.name, loc=loop.loc, index=index)
+        before += [var, init, Stmt(Op.LOCAL_STORE, None, [var, init], loc=loop.loc)]
+        for x in accesses:
+            if x.op is Op.GLOBAL_LOAD:
+                x.op, x.args, x.attr, x.index = Op.LOCAL_LOAD, [var], None, None
+            elif x.op is Op.GLOBAL_STORE:
+                x.op, x.args, x.attr, x.index = Op.LOCAL_STORE, [var, x.args[1]], None, None
+            else:
+                old = Stmt(Op.LOCAL_LOAD, buf.dtype, [var], name=var.name, loc=x.loc)
+                op = Op.ADD if x.attr[0] is AtomicKind.ADD else Op.SUB
+                new = Stmt(op, buf.dtype, [old, x.args[1]], name=var.name, loc=x.loc)
+                _insert_before(loop.blocks[0], x, [old, new])
+                x.op, x.dtype, x.args, x.attr, x.index = Op.LOCAL_STORE, None, [var, new], None, None
+        final = Stmt(Op.LOCAL_LOAD, buf.dtype, [var], name=var.name, loc=loop.loc)
+        after += [final, Stmt(Op.GLOBAL_STORE, None, [idx, final], buf, loc=loop.loc, index=index)]
+    return before, after
+
+
+def _insert_before(block: Block, target: Stmt, stmts: list) -> bool:
+    """Insert `stmts` right before `target` in whichever nested block holds it."""
+    for k, s in enumerate(block.stmts):
+        if s is target:
+            block.stmts[k:k] = stmts
+            return True
+        if any(_insert_before(b, target, stmts) for b in s.blocks):
+            return True
+    return False
+
+
+def _private(access: Stmt, kernel: Kernel, par: set) -> bool:
+    """The access's multi-index holds every parallel index of the task: the element is the thread's."""
+    if access.index is None:
+        return False
+    seen = set()
+    for x in access.index:
+        seen |= {k for k in affine(x, kernel.loop_dims) if k is not None and k in par}
+    return seen == par
