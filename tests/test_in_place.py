@@ -136,3 +136,25 @@ def test_a_simulation_updated_in_place_over_many_launches():
     np.testing.assert_allclose(v.grad.to_numpy(), central_diff(lambda vv: simulate(vv, k0), v0), rtol=1e-3, atol=1e-5)
     dk = (simulate(v0, k0 + 1e-6) - simulate(v0, k0 - 1e-6)) / 2e-6
     assert k.grad[None] == pytest.approx(dk, rel=1e-3)
+
+
+def test_the_copies_are_reused_after_the_backward_pass():
+    """The copy an adjoint read goes back to the kernel's pool: the next launch copies into it
+    (no allocation per launch in a loop of forward + backward)."""
+    x = ti.field(ti.f32, shape=8, needs_grad=True)
+
+    @ti.kernel
+    def cube():
+        for i in x:
+            x[i] = x[i] * x[i] * x[i]
+
+    seen = set()
+    for it in range(3):
+        x.from_numpy(np.full(8, 0.5 + it, np.float32))
+        cube()
+        (copies,) = next(iter(cube._snaps.values()))
+        seen.add(id(copies[0]))
+        x.grad.fill(1.0)
+        cube.grad()
+        np.testing.assert_allclose(x.grad.to_numpy(), np.full(8, 3 * (0.5 + it) ** 2), rtol=1e-6)
+    assert len(seen) == 1

@@ -122,6 +122,7 @@ class Kernel:
         self._grad_cache: dict = {}
         self._read_versions: dict = {}  # ids of the storages a launch read -> [(weakref, version)]
         self._snaps: dict = {}  # ids of fields updated in place -> stack of their pre-launch copies
+        self._spare: dict = {}  # (dtype, shape, element shape) -> copies an adjoint launch has used
         self._last = None  # (epoch, compiled, specs) when every argument is a plain scalar
         self._scalar_only = all(not isinstance(a, (Template, NdarrayType, VectorType, MatrixType))
                                 and a not in (Template, NdarrayType) for a in self.anns)
@@ -229,8 +230,12 @@ class Kernel:
         fields = [get(args) for get in lc.snapshots]
         copies = []
         for st in fields:
-            from .ndarray import Ndarray
-            c = Ndarray(st.dtype, st.shape, st.element_shape, name=f"{st.name}_before")
+            spare = self._spare.get((st.dtype.name, st.shape, st.element_shape))
+            if spare:
+                c = spare.pop()
+            else:
+                from .ndarray import Ndarray
+                c = Ndarray(st.dtype, st.shape, st.element_shape, name=f"{st.name}_before")
             c.copy_from(st)
             copies.append(c)
         key = tuple(map(id, fields))
@@ -252,6 +257,12 @@ class Kernel:
                 f"needs the values from before its forward launch, and none were kept: launch it right "
                 f"before its .grad() (or inside ti.ad.Tape) while something it reads has a gradient")
         return tuple(stack.pop())
+
+    def _recycle(self, copies: tuple) -> None:
+        """Copies an adjoint launch has read go back to the pool: a later copy into one is recorded
+        after that launch, so it cannot change what the launch reads."""
+        for c in copies:
+            self._spare.setdefault((c.dtype.name, c.shape, c.element_shape), []).append(c)
     def _note_versions(self, lc, args) -> None:
         """A forward launch: bump the versions of what it wrote, remember those of what it read."""
         for get in lc.writes:
@@ -397,7 +408,9 @@ class _GradLauncher:
         if k._ndarrays and k._has_external(args):
             dev, bound = EXTERNALS.to_device(k, args, k._ndarrays, with_grads=True)
             g, _specs, rt = k._get_grad(dev, launching=True)
-            ret = launch(g, dev + k._pop_snapshots(k._get(dev)[0], dev), rt)
+            snaps = k._pop_snapshots(k._get(dev)[0], dev)
+            ret = launch(g, dev + snaps, rt)
+            k._recycle(snaps)
             read = {a.source.arg for a in k._get(dev)[0].plan.accesses
                     if a.kind == "load" and isinstance(a.source, plan.Arg)}
             Externals.to_host(bound, g.ck, grads=True, inputs=read)
@@ -406,7 +419,10 @@ class _GradLauncher:
         if not (_ad_state or _ad()).in_backward:  # a tape checks its launches itself
             k._check_versions(fwd, args)
         g, _specs, rt = k._get_grad(args, launching=True)
-        return launch(g, args + k._pop_snapshots(fwd, args), rt)
+        snaps = k._pop_snapshots(fwd, args)
+        ret = launch(g, args + snaps, rt)
+        k._recycle(snaps)
+        return ret
 
 
 def kernel(fn: Callable) -> Kernel:
