@@ -5,8 +5,15 @@
 from . import ad
 from .ad import Tape, clear_all_gradients, grad_for, grad_replaced, no_grad
 from .compiler import CompileOptions, current_options as compile_options, set_options as set_compile_options
-from .errors import (CompileError, GpuError, KernelArgError, KernelRuntimeError, UnsupportedError,
-                     WgpuAdError)
+from .errors import (CompileError, GpuError, KernelArgError, KernelAssertionError, KernelRuntimeError,
+                     UnsupportedError, WgpuAdError)
+
+# Taichi's exception names, for programs and tests written for Taichi (`pytest.raises(ti.TaichiX)`)
+TaichiCompilationError = CompileError
+TaichiSyntaxError = UnsupportedError
+TaichiTypeError = KernelArgError
+TaichiRuntimeError = KernelRuntimeError
+TaichiAssertionError = KernelAssertionError
 from .frontend.builtins import (abs, acos, asin, atan, atan2, atomic_add, atomic_and, atomic_max,
                                 atomic_min, atomic_or, atomic_sub, atomic_xor, cast, ceil, cos,
                                 exp, floor, log, max, min, pow, random, round, rsqrt, select, sin,
@@ -35,10 +42,12 @@ def init(arch=None, debug: bool = False, **kwargs):
                     "offline_cache": bool(kwargs.pop("offline_cache", True)),
                     "offline_cache_file_path": kwargs.pop("offline_cache_file_path", None)}
     ad_stack_size = kwargs.pop("ad_stack_size", None)
-    if ad_stack_size is not None:
-        if not (isinstance(ad_stack_size, int) and ad_stack_size >= 1):
-            raise WgpuAdError(f"ti.init(ad_stack_size={ad_stack_size!r}): expected a positive integer")
-        compile_opts["ad_stack_size"] = ad_stack_size
+    if ad_stack_size is not None:  # 0: "size it for me" (Taichi's adaptive stack): the default
+        if not (isinstance(ad_stack_size, int) and ad_stack_size >= 0):
+            raise WgpuAdError(f"ti.init(ad_stack_size={ad_stack_size!r}): expected a positive integer, or 0 to "
+                              f"let wgpu_ad choose")
+        if ad_stack_size:
+            compile_opts["ad_stack_size"] = ad_stack_size
     rt = runtime.init(arch=arch, debug=debug, **kwargs)
     options.set_options(**compile_opts)
     return rt

@@ -54,6 +54,10 @@ class KernelRuntimeError(WgpuAdError, RuntimeError):
     """A check inside a kernel failed on the GPU (debug mode index checks, stack overflow)."""
 
 
+class KernelAssertionError(KernelRuntimeError, AssertionError):
+    """An `assert` in a kernel failed (debug mode: ti.init(debug=True))."""
+
+
 def debug_enabled() -> bool:
     """WGPU_AD_DEBUG_COMPILER=1 shows compiler internals in tracebacks."""
     return os.environ.get("WGPU_AD_DEBUG_COMPILER", "") not in ("", "0")

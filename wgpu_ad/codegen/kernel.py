@@ -12,13 +12,14 @@ from .plan import stack_words, task_plan, words_of
 from .wgsl import DEFAULT_GRID_CAP, Options, TaskEmitter, arg_words
 
 
-def _assert_codes(kernel: Kernel, debug: bool) -> tuple[dict[int, int], list[tuple[str, list]]]:
-    """Error codes: ASSERTs (debug mode only) and autodiff stack overflows (always)."""
-    codes, table = {}, []
+def _assert_codes(kernel: Kernel, debug: bool) -> tuple[dict[int, int], list[tuple[str, list]], list[str]]:
+    """Error codes: ASSERTs (debug mode only) and autodiff stack overflows (always), with their kinds."""
+    codes, table, kinds = {}, [], []
     for t in kernel.tasks:
         for s in walk_task(t):
             if s.op is Op.ASSERT and debug:
                 table.append((s.attr, [word_dtype(v.dtype) if v.dtype == f16 else v.dtype for v in s.args[1:]]))
+                kinds.append("assert")
                 codes[id(s)] = len(table)   # 1 + position; 0 means "no error"
             elif s.op is Op.STACK_PUSH:
                 cap = s.args[0].attr
@@ -31,7 +32,8 @@ def _assert_codes(kernel: Kernel, debug: bool) -> tuple[dict[int, int], list[tup
                                   f"than its autodiff stack holds; raise the limit with "
                                   f"ti.init(ad_stack_size=...) (it is {cap})", []))
                 codes[id(s)] = len(table)
-    return codes, table
+                kinds.append("stack")
+    return codes, table, kinds
 
 
 def generate(kernel: Kernel, *, float_atomics: bool, debug: bool, workgroup_size: int = 128,
@@ -50,7 +52,7 @@ def generate(kernel: Kernel, *, float_atomics: bool, debug: bool, workgroup_size
     """
     opts = Options(float_atomics, debug, workgroup_size, subgroups, grid_cap, loop_check)
     stack_words(kernel)  # stacks sized at launch read their capacity from the uniform block
-    codes, table = _assert_codes(kernel, debug)
+    codes, table, kinds = _assert_codes(kernel, debug)
     tasks, plans, checked = [], [], False
     for k, task in enumerate(kernel.tasks):
         em = TaskEmitter(kernel, task, k, opts, codes)
@@ -62,7 +64,7 @@ def generate(kernel: Kernel, *, float_atomics: bool, debug: bool, workgroup_size
     launch_plan = plan.LaunchPlan(words=words_of(kernel), buffers=tuple(b.source for b in kernel.buffers),
                                   tasks=tuple(plans), grid_cap=grid_cap or DEFAULT_GRID_CAP)
     return CompiledKernel(name=kernel.name, tasks=tasks, arg_words=arg_words(kernel), plan=launch_plan,
-                          ret_dtype=kernel.ret, asserts=table, loop_check=checked)
+                          ret_dtype=kernel.ret, asserts=table, loop_check=checked, assert_kinds=kinds)
 
 
 def format_wgsl(kernel: Kernel | CompiledKernel, *, float_atomics: bool = False, debug: bool = False,

@@ -54,3 +54,5 @@ class CompiledKernel:
     # ASSERT i failed -> message template (with {} per value) and the dtypes of its values
     asserts: list[tuple[str, list[Any]]] = field(default_factory=list)
     loop_check: bool = False  # its loops report an early stop (by the driver) in LOOP_LIMIT_WORD
+    # per entry of asserts: 'assert' (the user's assert statement) or 'stack' (autodiff stack overflow)
+    assert_kinds: list[str] = field(default_factory=list)

@@ -19,7 +19,7 @@ import numpy as np
 import wgpu
 
 from ..types import DType, f32, to_dtype
-from ..errors import GpuError, KernelRuntimeError, WgpuAdError
+from ..errors import GpuError, KernelAssertionError, KernelRuntimeError, WgpuAdError
 from . import adapter as _adapter
 from .compiled import ERROR_WORDS, LOOP_LIMIT_WORD, CompiledKernel
 from .pipelines import WGPU_ERRORS, PipelineCache
@@ -438,7 +438,9 @@ class Runtime:
             raise KernelRuntimeError(f"kernel '{ck.name}': assert #{which - 1} failed (unknown assert: compiler bug)")
         template, dtypes = ck.asserts[which - 1]
         values = [words[1 + i: 2 + i].view(to_dtype(dt).np)[0].item() for i, dt in enumerate(dtypes)]
-        raise KernelRuntimeError(f"kernel '{ck.name}': " + template.format(*values))
+        kind = ck.assert_kinds[which - 1] if which <= len(ck.assert_kinds) else "stack"
+        cls = KernelAssertionError if kind == "assert" else KernelRuntimeError
+        raise cls(f"kernel '{ck.name}': " + template.format(*values))
 
 
 class Deferred:
