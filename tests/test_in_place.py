@@ -7,18 +7,9 @@ import numpy as np
 import pytest
 
 import wgpu_ad as ti
+from ad_util import central_diff
 
 pytestmark = pytest.mark.gpu
-
-
-def central_diff(f, x0: np.ndarray, h: float = 1e-6) -> np.ndarray:
-    g = np.zeros_like(x0)
-    for idx in np.ndindex(x0.shape):
-        a, b = x0.copy(), x0.copy()
-        a[idx] += h
-        b[idx] -= h
-        g[idx] = (f(a) - f(b)) / (2 * h)
-    return g
 
 
 @pytest.mark.parametrize("form", ["assign", "scale_then_add"])

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 import wgpu_ad as ti  # noqa: E402
 import wgpu_ad.torch as wt  # noqa: E402
+from ad_util import central_diff  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -164,13 +165,7 @@ def test_a_python_function_of_several_kernels_matches_central_differences():
 
     np.testing.assert_allclose(z.detach().numpy() @ v, ref(p0), rtol=1e-5)
     (z * torch.tensor(v, dtype=torch.float32)).sum().backward()
-    h, fd = 1e-6, np.zeros_like(p0)
-    for idx in np.ndindex(p0.shape):
-        a, b = p0.copy(), p0.copy()
-        a[idx] += h
-        b[idx] -= h
-        fd[idx] = (ref(a) - ref(b)) / (2 * h)
-    np.testing.assert_allclose(p.grad.numpy(), fd, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(p.grad.numpy(), central_diff(ref, p0), rtol=1e-4, atol=1e-5)
 
 
 def test_ndarrays_are_reused_after_the_backward_pass():
