@@ -13,6 +13,7 @@ from ..errors import CompileError, KernelArgError, WgpuAdError
 from ..types import MatrixType, VectorType, to_dtype
 from .external import EXTERNALS, Externals, describe, is_external
 from .launch import Launcher, launch
+from .ndarray import Ndarray
 
 _compile_epoch = [0]  # bumped by ti.reset(): compiled kernels belong to one device
 _ad_state = None      # wgpu_ad.ad.state, imported on first launch (the tape records launches)
@@ -234,7 +235,6 @@ class Kernel:
             if spare:
                 c = spare.pop()
             else:
-                from .ndarray import Ndarray
                 c = Ndarray(st.dtype, st.shape, st.element_shape, name=f"{st.name}_before")
             c.copy_from(st)
             copies.append(c)
