@@ -4,9 +4,10 @@ launches and runs their adjoints backwards, user-defined gradients, gradient che
 The adjoint kernels themselves come from the compiler (passes/autodiff) through `kernel.grad`.
 """
 from .check import check_grad
+from .checkpoint import CheckpointStats, checkpoint
 from .custom import GradReplaced, grad_for, grad_replaced, no_grad
 from .gradcheck import GradCheckError, GradCheckReport
 from .tape import GradientWarning, Tape, clear_all_gradients
 
-__all__ = ["Tape", "clear_all_gradients", "grad_replaced", "grad_for", "no_grad", "GradReplaced",
+__all__ = ["checkpoint", "CheckpointStats", "Tape", "clear_all_gradients", "grad_replaced", "grad_for", "no_grad", "GradReplaced",
            "check_grad", "GradCheckReport", "GradCheckError", "GradientWarning"]

@@ -144,6 +144,9 @@ class Tape:
         self._validator = None  # validate.Validator (validation=True)
         self._snapshot_writes = self.grad_check is not None
         self._held: _Held | None = None  # the last launch, deferred to run fused with its adjoint
+        # kernels that update fields in place keep a copy per launch for this tape's backward pass
+        # (lang/kernel.py); a tape that only records (ti.ad.checkpoint) turns that off
+        self.keep_copies = True
 
     # ---- the with block -----------------------------------------------------------------------
 

@@ -217,7 +217,8 @@ class Kernel:
                 self._note_versions(lc, args)
                 return None  # launched before anything else reaches the device, or fused with its adjoint
         if lc.snapshots:
-            self._keep_snapshots(lc, args, tape is not None)
+            self._keep_snapshots(lc, args, tape is not None and tape.recording and not ad.in_backward
+                                 and tape.keep_copies)
         ret = launch(lc, args, rt)
         self._note_versions(lc, args)
         return ret
@@ -296,7 +297,9 @@ class Kernel:
         dev, bound = EXTERNALS.to_device(self, args, self._ndarrays, with_grads=False)
         lc, _specs, rt = self._get(dev)
         if lc.snapshots:
-            self._keep_snapshots(lc, dev, tape is not None)
+            ad = _ad_state or _ad()
+            self._keep_snapshots(lc, dev, tape is not None and tape.recording and not ad.in_backward
+                                 and tape.keep_copies)
         ret = launch(lc, dev, rt)
         Externals.to_host(bound, lc.ck, grads=False)
         return ret
