@@ -108,3 +108,16 @@ def test_bad_arguments_are_named():
         ti.ad.checkpoint(lambda t: None, steps=3, state=[ti.field(ti.f32, shape=2)], schedule="revolve")
     with pytest.raises(ti.WgpuAdError, match=r"state must be a list of the fields"):
         ti.ad.checkpoint(lambda t: None, steps=3, state=[1.0])
+
+
+def test_outside_a_tape_it_just_runs_the_steps():
+    x = ti.field(ti.f32, shape=3)
+
+    @ti.kernel
+    def inc():
+        for i in x:
+            x[i] = x[i] + 1.0
+
+    stats = ti.ad.checkpoint(lambda t: inc(), steps=7, state=[x])
+    np.testing.assert_array_equal(x.to_numpy(), np.full(3, 7.0))
+    assert stats.snapshots == 0 and stats.recomputed_steps == 0

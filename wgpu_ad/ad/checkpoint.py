@@ -70,15 +70,16 @@ def checkpoint(step: Callable[[int], None], steps: int, state: list, snapshots: 
     run = _Run(step, steps, fields, snapshots, schedule)
     tape = ad_state.current_tape
     recording = tape is not None and tape.recording and not ad_state.in_backward
-    if recording:
-        tape.recording = False  # the steps are not recorded: the backward pass runs them again
+    if not recording:  # no gradient will be asked for: just the steps
+        for t in range(steps):
+            step(t)
+        return run.stats
+    tape.recording = False  # the steps are not recorded: the backward pass runs them again
     try:
         run.forward()
     finally:
-        if recording:
-            tape.recording = True
-    if recording:
-        tape.insert(run, ())
+        tape.recording = True
+    tape.insert(run, ())
     return run.stats
 
 
