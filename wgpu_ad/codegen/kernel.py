@@ -9,7 +9,8 @@ from ..runtime.compiled import CompiledKernel, CompiledTask
 from ..types import f16
 from .ops_table import word_dtype
 from .plan import stack_words, task_plan, words_of
-from .wgsl import DEFAULT_GRID_CAP, Options, TaskEmitter, arg_words
+from .common import DEFAULT_GRID_CAP, Options, arg_words
+from .wgsl import TaskEmitter
 
 
 def _assert_codes(kernel: Kernel, debug: bool) -> tuple[dict[int, int], list[tuple[str, list]], list[str]]:
