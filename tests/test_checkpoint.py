@@ -61,7 +61,7 @@ def _simulate(v0, kk, x0, rest, steps):
     return float((x * x * np.arange(1, N + 1)).sum())
 
 
-@pytest.mark.parametrize("schedule", ["bisect", "sqrt", "store_all"])
+@pytest.mark.parametrize("schedule", ["revolve", "bisect", "sqrt", "store_all"])
 def test_gradients_through_a_checkpointed_in_place_simulation(schedule):
     steps = 40
     x, v, k, loss, step, total = _chain(steps, schedule)
@@ -83,29 +83,54 @@ def test_gradients_through_a_checkpointed_in_place_simulation(schedule):
     assert k.grad[None] == pytest.approx(dk, rel=1e-3)
     # the fields hold the final state again
     np.testing.assert_allclose(loss[None], float((x.to_numpy() ** 2 * np.arange(1, N + 1)).sum()), rtol=1e-5)
-    if schedule == "bisect":
+    if schedule in ("revolve", "bisect"):
         assert stats.snapshots <= math.ceil(math.log2(steps)) + 3  # + the first, the last, a step's
     elif schedule == "store_all":
         assert stats.snapshots >= steps
     assert stats.recomputed_steps >= steps
 
 
+@pytest.mark.parametrize("schedule", ["revolve", "bisect"])
 @pytest.mark.parametrize("steps", [100, 1000])
-def test_bisect_keeps_log_copies(steps):
-    """The copies held at once grow like log2(steps) for bisect (the backward pass is not timed)."""
-    x, v, k, loss, step, total = _chain(steps, "bisect")
+def test_copies_grow_like_log_steps(steps, schedule):
+    """The copies held at once grow like log2(steps) for revolve (its default number of free
+    checkpoints) and bisect; revolve runs fewer steps again than bisect."""
+    x, v, k, loss, step, total = _chain(steps, schedule)
     x.from_numpy(np.linspace(0.1, 1.1, N).astype(np.float32))
     k[None] = 5.0
     with ti.ad.Tape(loss):
-        stats = ti.ad.checkpoint(step, steps=steps, state=[x, v])
+        stats = ti.ad.checkpoint(step, steps=steps, state=[x, v], schedule=schedule)
         total()
     assert stats.snapshots <= math.ceil(math.log2(steps)) + 3
     assert stats.bytes == stats.snapshots * 2 * N * 4
+    # bisect runs every step about log2(steps) times again; revolve's binomial split fewer
+    limit = steps * (math.ceil(math.log2(steps)) + 2)
+    assert steps <= stats.recomputed_steps <= limit
+
+
+def test_revolve_with_few_snapshots_is_still_exact():
+    """One free checkpoint for 12 steps: more recomputation, the same gradient as storing all."""
+    grads = {}
+    for schedule, snaps in (("store_all", None), ("revolve", 1)):
+        x, v, k, loss, step, total = _chain(12, schedule)
+        x.from_numpy(np.linspace(0.1, 1.1, N).astype(np.float32))
+        k[None] = 7.0
+        with ti.ad.Tape(loss):
+            stats = ti.ad.checkpoint(step, steps=12, state=[x, v], snapshots=snaps, schedule=schedule)
+            total()
+        grads[schedule] = (x.grad.to_numpy(), v.grad.to_numpy(), k.grad[None], stats)
+    np.testing.assert_allclose(grads["revolve"][0], grads["store_all"][0], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grads["revolve"][1], grads["store_all"][1], rtol=1e-5, atol=1e-7)
+    assert grads["revolve"][2] == pytest.approx(grads["store_all"][2], rel=1e-5)
+    assert grads["revolve"][3].snapshots <= 1 + 3 < grads["store_all"][3].snapshots
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(ti.WgpuAdError, match=r"unknown schedule 'revolve'; use one of bisect, sqrt, store_all"):
-        ti.ad.checkpoint(lambda t: None, steps=3, state=[ti.field(ti.f32, shape=2)], schedule="revolve")
+    with pytest.raises(ti.WgpuAdError, match=r"unknown schedule 'binomial'; use one of revolve, bisect, sqrt, "
+                                             r"store_all"):
+        ti.ad.checkpoint(lambda t: None, steps=3, state=[ti.field(ti.f32, shape=2)], schedule="binomial")
+    with pytest.raises(ti.WgpuAdError, match=r"snapshots must be a positive integer"):
+        ti.ad.checkpoint(lambda t: None, steps=3, state=[ti.field(ti.f32, shape=2)], snapshots=0)
     with pytest.raises(ti.WgpuAdError, match=r"state must be a list of the fields"):
         ti.ad.checkpoint(lambda t: None, steps=3, state=[1.0])
 

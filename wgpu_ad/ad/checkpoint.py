@@ -15,11 +15,13 @@ restores the checkpoint that starts the segment, runs the segment again under a 
 promote.py) and runs its adjoints, so the state's gradients flow from the end of the segment to its
 start and the gradients of parameters (fields the steps read but never write) accumulate.
 
-Schedules: "bisect" (default) keeps at most log2(T) + 3 copies of the state and runs each
-step O(log T) times again: it splits a segment in two, runs to the middle, keeps that state, does the
-second half, then the first. "sqrt" keeps about sqrt(T) copies and runs every step once again.
-"store_all" keeps T + 1 copies and runs each step once in the backward pass. The binomial "revolve"
-schedule is not implemented yet (issue #13).
+Schedules: "revolve" (default) is the binomial schedule of Griewank and Walther: with s free
+checkpoints (`snapshots`, default ceil(log2 T)) it places each one where the two sides can be
+reversed with the fewest steps run again (a split after C(s + r - 1, s) steps, r the fewest
+repetitions with C(s + r, s) >= the steps left), and keeps at most s + 3 copies of the state.
+"bisect" halves each segment (log2(T) + 3 copies, each step run O(log T) times again). "sqrt" keeps
+about sqrt(T) copies and runs every step once again. "store_all" keeps T + 1 copies and runs each
+step once in the backward pass.
 
 What the step does must be the same when it runs again: it may read `t`, fields outside `state`
 that no step writes (parameters), and its own state. The state fields hold the final state again
@@ -36,7 +38,7 @@ from typing import Callable
 from ..errors import WgpuAdError
 from . import state as ad_state
 
-SCHEDULES = ("bisect", "sqrt", "store_all")
+SCHEDULES = ("revolve", "bisect", "sqrt", "store_all")
 
 
 @dataclass
@@ -52,7 +54,7 @@ class CheckpointStats:
 
 
 def checkpoint(step: Callable[[int], None], steps: int, state: list, snapshots: int | None = None,
-               schedule: str = "bisect") -> CheckpointStats:
+               schedule: str = "revolve") -> CheckpointStats:
     """Run step(0), ..., step(steps - 1) and, inside ti.ad.Tape, differentiate them with bounded
     memory; returns a CheckpointStats (filled in by the backward pass). `snapshots`: for "sqrt",
     how many checkpoints to keep (default about sqrt(steps))."""
@@ -61,8 +63,10 @@ def checkpoint(step: Callable[[int], None], steps: int, state: list, snapshots: 
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
         raise WgpuAdError(f"ti.ad.checkpoint: steps must be a non-negative integer, got {steps!r}")
     if schedule not in SCHEDULES:
-        raise WgpuAdError(f"ti.ad.checkpoint: unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)} "
-                          f"(the binomial 'revolve' schedule is not implemented yet)")
+        raise WgpuAdError(f"ti.ad.checkpoint: unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
+    if snapshots is not None and (not isinstance(snapshots, int) or isinstance(snapshots, bool) or snapshots < 1):
+        raise WgpuAdError(f"ti.ad.checkpoint: snapshots must be a positive integer (how many copies of the state "
+                          f"to keep) or None to choose, got {snapshots!r}")
     fields = list(state) if isinstance(state, (list, tuple)) else [state]
     if not fields or not all(hasattr(f, "gpu_buffer") and hasattr(f, "copy_from") for f in fields):
         raise WgpuAdError("ti.ad.checkpoint: state must be a list of the fields (or ndarrays) a step reads and "
@@ -93,6 +97,7 @@ class _Run:
         self.every = 1 if schedule == "store_all" else max(1, math.ceil(steps / max(1, snapshots))) \
             if snapshots else max(1, math.isqrt(max(steps, 1)))
         self.stats = CheckpointStats(steps, schedule)
+        self.snapshots = snapshots
         self.saved: dict[int, list] = {}  # step -> copies of the state before it
         self.final: list | None = None
         self._held = 0
@@ -123,7 +128,7 @@ class _Run:
 
     # ---- the passes --------------------------------------------------------------------------
     def forward(self) -> None:
-        keep_all = self.schedule != "bisect"
+        keep_all = self.schedule in ("sqrt", "store_all")
         for t in range(self.steps):
             if t == 0 or keep_all and t % self.every == 0:
                 self.saved[t] = self._copy()
@@ -135,6 +140,9 @@ class _Run:
         if self.steps:
             if self.schedule == "bisect":
                 self._bisect(0, self.steps, self.saved.pop(0))
+            elif self.schedule == "revolve":
+                free = self.snapshots or max(1, math.ceil(math.log2(max(self.steps, 2))))
+                self._revolve(0, self.steps, self.saved.pop(0), free)
             else:
                 starts = sorted(self.saved)
                 for k in reversed(range(len(starts))):
@@ -146,6 +154,32 @@ class _Run:
                     self._drop(copies)
         self._restore(self.final)  # the fields end with the final state, as after the forward pass
         self._drop(self.final)
+
+    def _revolve(self, a: int, b: int, start: list, free: int) -> None:
+        """Steps [a, b) backwards from the state before step a (kept by the caller), with `free`
+        more copies allowed: the binomial split (module docstring)."""
+        n = b - a
+        if n <= 1:
+            self._restore(start)
+            self._segment(a, b)
+            self._drop(start)
+            return
+        if free == 0:  # no copy left: run from the start to each step, last first
+            for t in reversed(range(a, b)):
+                self._restore(start)
+                self._advance(a, t)
+                self._segment(t, t + 1)
+            self._drop(start)
+            return
+        r = 1
+        while math.comb(free + r, free) < n:
+            r += 1
+        m = a + max(1, min(n - 1, math.comb(free + r - 1, free)))
+        self._restore(start)
+        self._advance(a, m)
+        middle = self._copy()
+        self._revolve(m, b, middle, free - 1)
+        self._revolve(a, m, start, free)
 
     def _bisect(self, a: int, b: int, start: list) -> None:
         """Steps [a, b) backwards, given the state before step a (kept by the caller)."""
