@@ -155,14 +155,18 @@ class _Run:
         self._restore(self.final)  # the fields end with the final state, as after the forward pass
         self._drop(self.final)
 
+    def _last_steps(self, a: int, b: int, start: list) -> None:
+        """The end of a recursion: steps [a, b) backwards from `start`, which is then let go."""
+        self._restore(start)
+        self._segment(a, b)
+        self._drop(start)
+
     def _revolve(self, a: int, b: int, start: list, free: int) -> None:
         """Steps [a, b) backwards from the state before step a (kept by the caller), with `free`
         more copies allowed: the binomial split (module docstring)."""
         n = b - a
         if n <= 1:
-            self._restore(start)
-            self._segment(a, b)
-            self._drop(start)
+            self._last_steps(a, b, start)
             return
         if free == 0:  # no copy left: run from the start to each step, last first
             for t in reversed(range(a, b)):
@@ -184,9 +188,7 @@ class _Run:
     def _bisect(self, a: int, b: int, start: list) -> None:
         """Steps [a, b) backwards, given the state before step a (kept by the caller)."""
         if b - a <= 1:
-            self._restore(start)
-            self._segment(a, b)
-            self._drop(start)
+            self._last_steps(a, b, start)
             return
         mid = (a + b) // 2
         self._restore(start)

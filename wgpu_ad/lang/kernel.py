@@ -418,7 +418,7 @@ class _GradLauncher:
                     if a.kind == "load" and isinstance(a.source, plan.Arg)}
             Externals.to_host(bound, g.ck, grads=True, inputs=read)
             return ret
-        fwd = k._get(args)[0]
+        fwd, _specs, rt = k._get(args)
         if not (_ad_state or _ad()).in_backward:  # a tape checks its launches itself
             k._check_versions(fwd, args)
         g, _specs, rt = k._get_grad(args, launching=True)
