@@ -94,6 +94,18 @@ class ArgGrad:
 
 
 @dataclass(frozen=True)
+class FieldDual:
+    """The dual (forward-mode tangent) of entry `index` of the kernel's storage table."""
+    index: int
+
+
+@dataclass(frozen=True)
+class ArgDual:
+    """The dual of the ndarray argument at position `arg`."""
+    arg: int
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Entry `index` of the snapshots a launch of an adjoint gets after the call's arguments: a
     copy, taken before the forward launch, of a field the kernel updates in place
@@ -101,7 +113,7 @@ class Snapshot:
     index: int
 
 
-Source = Union[Field, FieldGrad, Arg, ArgGrad, Snapshot]
+Source = Union[Field, FieldGrad, FieldDual, Arg, ArgGrad, ArgDual, Snapshot]
 
 
 # ---- the plan ----------------------------------------------------------------------------------

@@ -1,13 +1,15 @@
-"""Reverse-mode autodiff, the user-facing part (Taichi's ti.ad): the tape that records kernel
-launches and runs their adjoints backwards, user-defined gradients, gradient checks.
+"""Autodiff, the user-facing part (Taichi's ti.ad): the tape that records kernel launches and
+runs their adjoints backwards, forward mode (FwdMode), user-defined gradients, gradient checks.
 
-The adjoint kernels themselves come from the compiler (passes/autodiff) through `kernel.grad`.
+The adjoint and dual kernels themselves come from the compiler (passes/autodiff) through
+`kernel.grad` and the launcher.
 """
 from .check import check_grad
 from .checkpoint import CheckpointStats, checkpoint
 from .custom import GradReplaced, grad_for, grad_replaced, no_grad
+from .fwd import FwdMode, clear_all_duals
 from .gradcheck import GradCheckError, GradCheckReport
 from .tape import GradientWarning, Tape, clear_all_gradients
 
-__all__ = ["checkpoint", "CheckpointStats", "Tape", "clear_all_gradients", "grad_replaced", "grad_for", "no_grad", "GradReplaced",
+__all__ = ["FwdMode", "clear_all_duals", "checkpoint", "CheckpointStats", "Tape", "clear_all_gradients", "grad_replaced", "grad_for", "no_grad", "GradReplaced",
            "check_grad", "GradCheckReport", "GradCheckError", "GradientWarning"]

@@ -33,6 +33,12 @@ class GradReplaced:
 
     def __call__(self, *args, **kwargs):
         tape = state.current_tape
+        if self.no_grad and state.current_fwd is not None:
+            state.in_no_grad += 1  # no tangent either: its kernels run plain (Taichi's behaviour)
+            try:
+                return self.fn(*args, **kwargs)
+            finally:
+                state.in_no_grad -= 1
         if tape is None or state.in_backward:
             return self.fn(*args, **kwargs)
         with tape.custom_call(self, args, kwargs):

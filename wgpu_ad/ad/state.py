@@ -1,4 +1,4 @@
-"""The one piece of autodiff state the kernel launcher looks at: the tape now recording.
+"""The autodiff state the kernel launcher looks at: the tape now recording, the FwdMode active.
 
 lang/kernel.py calls `on_launch(kernel, args)` (or `current_tape.record(kernel, args)`) before
 every forward launch while `current_tape` is not None. Kept import-free so the launcher can
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 current_tape = None   # the ti.ad.Tape inside whose `with` block we are, or None
 in_backward = False   # True while a tape runs gradient functions: their launches are not recorded
+current_fwd = None    # the ti.ad.FwdMode inside whose `with` block we are: launches run dual kernels
+in_no_grad = 0        # depth of @ti.ad.no_grad function calls: their launches run plain in FwdMode
 
 
 def on_launch(kernel, args: tuple) -> None:

@@ -158,6 +158,11 @@ class Tape:
             raise WgpuAdError(f"ti.ad.Tape: another tape is already recording (entered at {other._where}); "
                               f"tapes cannot be nested. Record everything in one tape, or finish the first "
                               f"`with` block before starting the next")
+        fwd = state.current_fwd
+        if fwd is not None:
+            raise WgpuAdError(f"ti.ad.Tape cannot be used inside ti.ad.FwdMode (entered at {fwd._where}): kernels "
+                              f"there run their dual kernels, which the tape cannot differentiate. Finish the "
+                              f"FwdMode `with` block first, or compute the derivative in one mode")
         f = sys._getframe(1)
         self._where = f"{f.f_code.co_filename}:{f.f_lineno}"
         self.entered = True

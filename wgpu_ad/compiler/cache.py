@@ -5,7 +5,8 @@ canonical, is hashed with everything else that decides the compiler's output: th
 source, source locations, the compile options. An entry holds the CompiledKernel: WGSL and its
 launch plan (wgpu_ad/plan.py), plain data that names fields only by their position in the
 kernel's storage table, so it pickles as it is and no IR is stored. An adjoint's entry is keyed
-by its forward kernel's key and where each gradient comes from, so a hit skips reverse mode too.
+by its forward kernel's key and where each gradient comes from, so a hit skips reverse mode too;
+a dual kernel's (forward mode) likewise by where each dual comes from.
 
 Options (Taichi's names): ti.init(offline_cache=True, offline_cache_file_path=None). The folder
 is offline_cache_file_path, else $WGPU_AD_CACHE_DIR, else $XDG_CACHE_HOME/wgpu_ad, else
@@ -128,6 +129,11 @@ class Slot:
         (plan records or None); zero: a zero-store variant (passes/autodiff/demote.py); fused:
         the forward and the adjoint in one kernel (passes/autodiff/fuse.py)."""
         return Slot(self.folder, _hash(self.key, "adjoint", grads, zero, *(("fused",) if fused else ())))
+
+    def dual(self, duals: tuple) -> "Slot":
+        """The slot of this kernel's dual kernel (forward mode): duals, the dual source of each
+        forward buffer (plan records or None)."""
+        return Slot(self.folder, _hash(self.key, "dual", duals))
 
     def load(self) -> CompiledKernel | None:
         """The stored CompiledKernel, or None on a miss or a bad entry."""

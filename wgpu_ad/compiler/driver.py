@@ -1,6 +1,6 @@
 """The compiler driver: one path from a kernel's source to a CompiledKernel, for the forward
 kernel and every kernel derived from it (the adjoint, its zero-store variants, the fused tape
-tail).
+tail, the dual kernel of forward mode).
 
     source --frontend--> IR --passes (optimize)--> IR --prereduce, codegen--> CompiledKernel
 
@@ -20,7 +20,7 @@ from ..codegen import generate
 from ..errors import CompileError, debug_enabled
 from ..frontend.kernel import lower_kernel
 from ..ir.nodes import Kernel
-from ..passes.autodiff import NotFusable, prepare_in_place, reverse_kernel
+from ..passes.autodiff import NotFusable, dual_kernel, prepare_in_place, reverse_kernel
 from ..passes.autodiff.access import footprint
 from ..passes.pipeline import lower_for_codegen, optimize
 from ..runtime.compiled import CompiledKernel
@@ -153,3 +153,42 @@ def compile_adjoint(fwd: Compiled, grads: tuple, opts: CompileOptions, zero: tup
         if slot is not None:
             slot.store(ck)
     return Compiled(ck, fwd.storages, lambda: make_ir()[0], slot)
+
+
+def dual_sources(fwd: Compiled, specs: list) -> tuple:
+    """Per buffer of the forward kernel, where its dual (forward mode) lives (a plan.Source), or
+    None: like grad_sources, a field's dual is its own entry of the storage table when the kernel
+    names it too."""
+    pos = {id(o): k for k, o in enumerate(fwd.storages)}
+    out = []
+    for src in fwd.plan.buffers:
+        d = None
+        if isinstance(src, plan.Field):
+            obj = fwd.storages[src.index]
+            if getattr(obj, "needs_dual", False):
+                k = pos.get(id(obj.dual))
+                d = plan.Field(k) if k is not None else plan.FieldDual(src.index)
+        elif isinstance(src, plan.Arg) and specs[src.arg].needs_dual:
+            d = plan.ArgDual(src.arg)
+        out.append(d)
+    return tuple(out)
+
+
+def compile_dual(fwd: Compiled, duals: tuple, opts: CompileOptions) -> Compiled:
+    """The dual kernel of a compiled kernel (forward mode: its primal values and their tangents,
+    passes/autodiff/forward.py); duals: dual_sources()."""
+    slot = fwd.slot.dual(duals) if fwd.slot is not None else None
+    by_source = dict(zip(fwd.plan.buffers, duals))
+    made: list = []
+
+    def make_ir() -> Kernel:
+        if not made:
+            made.append(_optimize(dual_kernel(fwd.ir, lambda b: by_source.get(b.source)), opts))
+        return made[0]
+    ck = slot.load() if slot is not None else None
+    if ck is None:
+        ir = user_errors(make_ir)
+        ck = user_errors(lambda: _codegen(ir, opts, accesses=_accesses(ir, frozenset())))
+        if slot is not None:
+            slot.store(ck)
+    return Compiled(ck, fwd.storages, make_ir, slot)

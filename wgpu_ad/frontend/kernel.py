@@ -36,6 +36,7 @@ class ArgSpec:
     ndim: int = 0              # ndarray dimensions
     value: Any = None          # template: the compile-time value
     needs_grad: bool = False
+    needs_dual: bool = False   # ndarray: it has a dual (forward mode)
 
 
 @dataclass(eq=False)
@@ -48,6 +49,7 @@ class ArrayArg:
     shape: list
     buffer: Buffer
     grad_buffer: Buffer | None
+    dual_buffer: Buffer | None = None
     is_array_arg: bool = True
 
     @property
@@ -55,6 +57,12 @@ class ArrayArg:
         if self.grad_buffer is None:
             raise CompileError(f"ndarray argument '{self.name}' has no gradient: create it with needs_grad=True")
         return ArrayArg(self.name + ".grad", self.dtype, self.element_shape, self.shape, self.grad_buffer, None)
+
+    @property
+    def dual(self) -> "ArrayArg":
+        if self.dual_buffer is None:
+            raise CompileError(f"ndarray argument '{self.name}' has no dual: create it with needs_dual=True")
+        return ArrayArg(self.name + ".dual", self.dtype, self.element_shape, self.shape, self.dual_buffer, None)
 
 
 class KernelContext:
@@ -193,11 +201,13 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
             per = math.prod(s.shape)  # scalars per element
             buf = Buffer(s.name, s.dtype, plan.Arg(pos), vector=per)
             gbuf = Buffer(s.name + ".grad", s.dtype, plan.ArgGrad(pos), grad=True, vector=per) if s.needs_grad else None
+            dbuf = Buffer(s.name + ".dual", s.dtype, plan.ArgDual(pos), vector=per) if s.needs_dual else None
             k.kernel.buffers.append(buf)
-            if gbuf is not None:
-                k.kernel.buffers.append(gbuf)
+            for extra in (gbuf, dbuf):
+                if extra is not None:
+                    k.kernel.buffers.append(extra)
             dims = [k.arg_slot(f"{s.name}_shape{d}", i32, plan.Extent(pos, d)) for d in range(s.ndim)]
-            slots[s.name] = (buf, gbuf, dims)
+            slots[s.name] = (buf, gbuf, dbuf, dims)
 
     def task_env(extra: dict) -> dict:
         env = {}
@@ -210,9 +220,9 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
             elif s.kind == "vector":
                 env[s.name] = Mat([b.emit(Op.ARG, (), s.dtype, a, name=a.name) for a in slots[s.name]], s.shape)
             else:
-                buf, gbuf, dims = slots[s.name]
+                buf, gbuf, dbuf, dims = slots[s.name]
                 shape = [b.emit(Op.ARG, (), i32, a, name=a.name) for a in dims]
-                env[s.name] = ArrayArg(s.name, s.dtype, s.shape, shape, buf, gbuf)
+                env[s.name] = ArrayArg(s.name, s.dtype, s.shape, shape, buf, gbuf, dbuf)
         env.update(extra)
         return env
 

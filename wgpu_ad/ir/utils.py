@@ -140,10 +140,10 @@ def buffer_alias_key(buf: Buffer) -> object:
     """Buffers with equal keys may share storage.
 
     Fields own one buffer each (gradients are fields of their own), so distinct field sources
-    never alias. Buffers bound from kernel arguments (plan.Arg, plan.ArgGrad) may all alias each
-    other: the same array can be passed for two arguments."""
+    never alias. Buffers bound from kernel arguments (plan.Arg, plan.ArgGrad, plan.ArgDual) may all
+    alias each other: the same array can be passed for two arguments."""
     src = buf.source
-    if isinstance(src, (plan.Arg, plan.ArgGrad)):
+    if isinstance(src, (plan.Arg, plan.ArgGrad, plan.ArgDual)):
         return "arg"
     if src is None:
         return ("buf", id(buf))

@@ -1,7 +1,8 @@
 """ti.field, ti.Vector.field, ti.Matrix.field: global arrays that kernels read and write by name.
 
 A field made without shape= is unplaced until ti.root.dense(...).place(x) (or root.place(x) for
-0-d) gives it one. Gradients are fields too (x.grad, is_grad=True, primal=x).
+0-d) gives it one. Gradients are fields too (x.grad, is_grad=True, primal=x), and so are the
+duals of forward mode (x.dual, is_dual=True, primal=x).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class Field(Storage):
     @property
     def shape(self) -> tuple[int, ...]:
         if self._shape is None:
-            n = (self.primal.name if self.is_grad else self.name) or "x"
+            n = (self.primal.name if self.primal is not None else self.name) or "x"
             raise WgpuAdError(f"{self._label()} has no shape yet: give it shape= when creating it, or place "
                               f"it with ti.root.dense(ti.i, n).place({n}) (ti.root.place({n}) for a 0-d field)")
         return self._shape
@@ -40,6 +41,8 @@ class Field(Storage):
         self._shape = shape
         if self._grad is not None:
             self._grad._shape = shape
+        if self._dual is not None:
+            self._dual._shape = shape
 
     def _new_grad(self) -> "Field":
         return Field(self.dtype, self._shape, self.element_shape)
@@ -51,20 +54,32 @@ class Field(Storage):
         return (f"{self._label()} has no gradient: create it with needs_grad=True or call "
                 f"ti.root.lazy_grad() before using {n}.grad")
 
+    def _no_dual_message(self) -> str:
+        if self.is_grad or self.is_dual:
+            return super()._no_dual_message()
+        n = self.name or "x"
+        return (f"{self._label()} has no dual: create it with needs_dual=True or call "
+                f"ti.root.lazy_dual() before using {n}.dual")
 
-def _make(dtype, shape, element_shape: tuple, name, needs_grad: bool, offset, what: str) -> Field:
+
+def _make(dtype, shape, element_shape: tuple, name, needs_grad: bool, offset, what: str,
+          needs_dual: bool = False) -> Field:
     if offset is not None:
         raise WgpuAdError(f"{what}(offset={offset!r}) is not supported: wgpu_ad fields start at index 0; "
                           f"shift the index in the kernel instead")
     dt = check_dtype(dtype, what)
     if needs_grad and not dt.is_float:
         raise WgpuAdError(f"{what}: needs_grad=True needs a float dtype, got {dt}")
+    if needs_dual and not dt.is_float:
+        raise WgpuAdError(f"{what}: needs_dual=True needs a float dtype, got {dt}")
     f = Field(dt, None, element_shape, name)
     if needs_grad:
         f._attach_grad()
+    if needs_dual:
+        f._attach_dual()
     if shape is not None:
         f._place(normalize_shape(shape, what))
-        _snode.root._adopt(f)  # shape= places under root, as in Taichi (lazy_grad applies)
+        _snode.root._adopt(f)  # shape= places under root, as in Taichi (lazy_grad / lazy_dual apply)
     return f
 
 
@@ -79,21 +94,21 @@ def _component_count(n, what: str, arg: str) -> int:
 
 
 def field(dtype, shape=None, name: str | None = None, needs_grad: bool = False, offset=None,
-          layout=None) -> Field:
+          layout=None, needs_dual: bool = False) -> Field:
     """ti.field(ti.f32, shape=(n, m)): a scalar field. layout is accepted and ignored (always AOS)."""
-    return _make(dtype, shape, (), name, needs_grad, offset, "ti.field")
+    return _make(dtype, shape, (), name, needs_grad, offset, "ti.field", needs_dual)
 
 
 def vector_field(n: int, dtype, shape=None, name: str | None = None, needs_grad: bool = False,
-                 offset=None, layout=None) -> Field:
+                 offset=None, layout=None, needs_dual: bool = False) -> Field:
     """ti.Vector.field(3, ti.f32, shape=n): n components per element."""
     n = _component_count(n, "ti.Vector.field", "n")
-    return _make(dtype, shape, (n,), name, needs_grad, offset, "ti.Vector.field")
+    return _make(dtype, shape, (n,), name, needs_grad, offset, "ti.Vector.field", needs_dual)
 
 
 def matrix_field(n: int, m: int, dtype, shape=None, name: str | None = None, needs_grad: bool = False,
-                 offset=None, layout=None) -> Field:
+                 offset=None, layout=None, needs_dual: bool = False) -> Field:
     """ti.Matrix.field(2, 3, ti.f32, shape=n): n x m components per element, row-major."""
     n = _component_count(n, "ti.Matrix.field", "n")
     m = _component_count(m, "ti.Matrix.field", "m")
-    return _make(dtype, shape, (n, m), name, needs_grad, offset, "ti.Matrix.field")
+    return _make(dtype, shape, (n, m), name, needs_grad, offset, "ti.Matrix.field", needs_dual)

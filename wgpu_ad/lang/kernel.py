@@ -121,6 +121,7 @@ class Kernel:
         self.ret_dtype = None if ret in (inspect.Signature.empty, None) else to_dtype(ret)
         self._cache: dict = {}
         self._grad_cache: dict = {}
+        self._dual_cache: dict = {}
         self._read_versions: dict = {}  # ids of the storages a launch read -> [(weakref, version)]
         self._snaps: dict = {}  # ids of fields updated in place -> stack of their pre-launch copies
         self._spare: dict = {}  # (dtype, shape, element shape) -> copies an adjoint launch has used
@@ -148,7 +149,7 @@ class Kernel:
             elif isinstance(ann, NdarrayType) or ann is NdarrayType:
                 specs.append(self._ndarray_spec(p.name, ann, v))
                 s = specs[-1]
-                key.append(("n", s.dtype.name, s.shape, s.ndim, s.needs_grad))
+                key.append(("n", s.dtype.name, s.shape, s.ndim, s.needs_grad, s.needs_dual))
             elif isinstance(ann, (VectorType, MatrixType)):
                 specs.append(ArgSpec(p.name, "vector", ann.dtype, ann.shape))
                 key.append(("v",))
@@ -180,7 +181,8 @@ class Kernel:
         # ti.types.ndarray(needs_grad=False): the argument gets no gradient in this kernel's adjoint
         # even when the array has one (Taichi's meaning); None or True: as the array says
         return ArgSpec(name, "ndarray", v.dtype, tuple(v.element_shape), len(v.shape),
-                       needs_grad=bool(getattr(v, "needs_grad", False)) and ann.needs_grad is not False)
+                       needs_grad=bool(getattr(v, "needs_grad", False)) and ann.needs_grad is not False,
+                       needs_dual=bool(getattr(v, "needs_dual", False)))
 
     # ---- compilation ------------------------------------------------------------------
     def _get(self, args):
@@ -208,8 +210,10 @@ class Kernel:
             args = self._bind_kwargs(args, kwargs)
         if self._ndarrays and self._has_external(args):
             return self._call_external(args)
-        lc, specs, rt = self._get(args)
         ad = _ad_state or _ad()
+        if ad.current_fwd is not None and not self._no_grad and not ad.in_no_grad:
+            return self._launch_dual(args)
+        lc, specs, rt = self._get(args)
         tape = ad.current_tape
         if tape is not None:
             tape.record(self, args)
@@ -221,6 +225,13 @@ class Kernel:
                                  and tape.keep_copies)
         ret = launch(lc, args, rt)
         self._note_versions(lc, args)
+        return ret
+
+    def _launch_dual(self, args):
+        """Inside ti.ad.FwdMode: the dual kernel (primal values and tangents) instead."""
+        d, _specs, rt = self._get_dual(args)
+        ret = launch(d, args, rt)
+        self._note_versions(self._get(args)[0], args)
         return ret
 
     def _keep_snapshots(self, lc, args, taped: bool) -> None:
@@ -295,7 +306,11 @@ class Kernel:
         if tape is not None:
             tape.record(self, args)  # the host arrays: the backward pass copies them in again
         dev, bound = EXTERNALS.to_device(self, args, self._ndarrays, with_grads=False)
-        lc, _specs, rt = self._get(dev)
+        ad = _ad_state or _ad()
+        if ad.current_fwd is not None and not self._no_grad and not ad.in_no_grad:
+            lc, _specs, rt = self._get_dual(dev)  # host arrays have no duals; fields may
+        else:
+            lc, _specs, rt = self._get(dev)
         if lc.snapshots:
             ad = _ad_state or _ad()
             self._keep_snapshots(lc, dev, tape is not None and tape.recording and not ad.in_backward
@@ -334,6 +349,22 @@ class Kernel:
             zero = g.zero_check(args)
             if not zero:
                 return g, specs, rt
+
+    # ---- forward mode ---------------------------------------------------------------------
+    def _get_dual(self, args):
+        """The Launcher of the dual kernel for these arguments (forward mode: the primal values and
+        their tangents, compiler/driver.py compile_dual); the forward's own when nothing it
+        touches has a dual."""
+        from ..compiler.driver import compile_dual, dual_sources
+        lc, specs, rt = self._get(args)
+        duals = dual_sources(lc.compiled, specs)
+        if not any(d is not None for d in duals):
+            return lc, specs, rt
+        key = (id(lc), duals)  # the forward's Launcher stands for specs, options, epoch (see _get_grad)
+        d = self._dual_cache.get(key)
+        if d is None:
+            d = self._dual_cache[key] = Launcher(compile_dual(lc.compiled, duals, _options()), specs)
+        return d, specs, rt
 
     def launch_fused(self, args) -> bool:
         """Launch the forward and the adjoint as one fused kernel (passes/autodiff/fuse.py), for the
@@ -381,15 +412,21 @@ class Kernel:
         from ..ir.printer import format_kernel
         return format_kernel(self._get(args)[0].ir)
 
-    def get_wgsl(self, *args, grad: bool = False) -> str:
-        """The generated WGSL of every task of the kernel (or of its adjoint) for these arguments."""
-        lc = (self._get_grad(args) if grad else self._get(args))[0]
+    def get_wgsl(self, *args, grad: bool = False, dual: bool = False) -> str:
+        """The generated WGSL of every task of the kernel (or of its adjoint, or of its dual
+        kernel) for these arguments."""
+        lc = (self._get_grad(args) if grad else self._get_dual(args) if dual else self._get(args))[0]
         return "\n".join(t.wgsl for t in lc.ck.tasks)
 
     def get_grad_ir(self, *args) -> str:
         """The optimised IR of the kernel's adjoint for these arguments."""
         from ..ir.printer import format_kernel
         return format_kernel(self._get_grad(args)[0].ir)
+
+    def get_dual_ir(self, *args) -> str:
+        """The optimised IR of the kernel's dual kernel (forward mode) for these arguments."""
+        from ..ir.printer import format_kernel
+        return format_kernel(self._get_dual(args)[0].ir)
 
     def print_ir(self, *args) -> None:
         print(self.get_ir(*args))
@@ -408,6 +445,11 @@ class _GradLauncher:
             return None  # @ti.ad.no_grad: the kernel has no gradient (Taichi's behaviour)
         if kwargs:
             args = k._bind_kwargs(args, kwargs)
+        fwd = (_ad_state or _ad()).current_fwd
+        if fwd is not None:
+            raise WgpuAdError(
+                f"{k.__name__}.grad() inside ti.ad.FwdMode (entered at {fwd._where}): reverse mode on top of "
+                f"forward mode is not supported; call {k.__name__}.grad() outside the FwdMode `with` block")
         if k._ndarrays and k._has_external(args):
             dev, bound = EXTERNALS.to_device(k, args, k._ndarrays, with_grads=True)
             g, _specs, rt = k._get_grad(dev, launching=True)

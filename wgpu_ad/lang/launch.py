@@ -20,7 +20,7 @@ DYNAMIC_WORKGROUPS = 1024  # range bounds read from fields: grid-stride over thi
 
 
 def storage_getter(src: plan.Source, storages: list, n_args: int = 0) -> Callable:
-    """call args -> the field / ndarray (or its gradient) a buffer source names; a snapshot is
+    """call args -> the field / ndarray (or its gradient or dual) a buffer source names; a snapshot is
     passed after the call's `n_args` arguments."""
     if isinstance(src, plan.Field):
         obj = storages[src.index]
@@ -28,12 +28,18 @@ def storage_getter(src: plan.Source, storages: list, n_args: int = 0) -> Callabl
     if isinstance(src, plan.FieldGrad):
         obj = storages[src.index]
         return lambda args: obj.grad
+    if isinstance(src, plan.FieldDual):
+        obj = storages[src.index]
+        return lambda args: obj.dual
     if isinstance(src, plan.Arg):
         k = src.arg
         return lambda args: args[k]
     if isinstance(src, plan.ArgGrad):
         k = src.arg
         return lambda args: args[k].grad
+    if isinstance(src, plan.ArgDual):
+        k = src.arg
+        return lambda args: args[k].dual
     if isinstance(src, plan.Snapshot):
         k = n_args + src.index
         return lambda args: args[k]
@@ -212,7 +218,7 @@ def _alias_check(ck, specs) -> Callable | None:
     srcs = ck.plan.buffers
     pairs = []
     for t in ck.tasks:
-        binds = [b for b in t.bindings if b.kind == "buffer" and isinstance(srcs[b.key], (plan.Arg, plan.ArgGrad))]
+        binds = [b for b in t.bindings if b.kind == "buffer" and isinstance(srcs[b.key], (plan.Arg, plan.ArgGrad, plan.ArgDual))]
         pairs += [(a.key, b.key) for n, a in enumerate(binds) for b in binds[n + 1:] if a.read_only != b.read_only]
     if not pairs:
         return None
@@ -222,7 +228,7 @@ def _alias_check(ck, specs) -> Callable | None:
             if buffers[a] is buffers[b] and buffers[a] is not None:
                 sa, sb = srcs[a], srcs[b]
                 what = ("the same ndarray" if isinstance(sa, plan.Arg) and isinstance(sb, plan.Arg)
-                        else "ndarrays sharing a gradient")
+                        else "ndarrays sharing a gradient or dual")
                 raise KernelArgError(
                     f"kernel '{ck.name}': arguments '{specs[sa.arg].name}' and '{specs[sb.arg].name}' are {what}, "
                     f"read through one and written through the other in one parallel loop, which WebGPU cannot "

@@ -29,7 +29,7 @@ class Ndarray(Storage):
         return Ndarray(self.dtype, self._shape, self.element_shape)
 
 
-def ndarray(dtype, shape, needs_grad: bool = False, name: str | None = None) -> Ndarray:
+def ndarray(dtype, shape, needs_grad: bool = False, name: str | None = None, needs_dual: bool = False) -> Ndarray:
     """ti.ndarray(ti.f32, shape=(n, m)) or ti.ndarray(ti.math.vec3, shape=n)."""
     if isinstance(dtype, VectorType):
         element_shape, scalar = (dtype.n,), dtype.dtype
@@ -42,7 +42,11 @@ def ndarray(dtype, shape, needs_grad: bool = False, name: str | None = None) -> 
         raise WgpuAdError("ti.ndarray: shape= is required (an int or a tuple of ints)")
     if needs_grad and not dt.is_float:
         raise WgpuAdError(f"ti.ndarray: needs_grad=True needs a float dtype, got {dt}")
+    if needs_dual and not dt.is_float:
+        raise WgpuAdError(f"ti.ndarray: needs_dual=True needs a float dtype, got {dt}")
     arr = Ndarray(dt, normalize_shape(shape, "ti.ndarray"), element_shape, name)
     if needs_grad:
         arr._attach_grad()
+    if needs_dual:
+        arr._attach_dual()
     return arr

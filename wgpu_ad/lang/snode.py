@@ -1,4 +1,5 @@
-"""Taichi's layout API: ti.root.dense(ti.ij, (4, 8)).place(x), root.place(y), root.lazy_grad().
+"""Taichi's layout API: ti.root.dense(ti.ij, (4, 8)).place(x), root.place(y), root.lazy_grad(),
+root.lazy_dual() (the same for forward mode's duals).
 
 Only dense layouts exist, and every field keeps its own row-major buffer, so an SNode is just a
 shape under construction. `root.lazy_grad()` is a sticky flag: every float field placed under root,
@@ -101,18 +102,21 @@ class SNode:
 
 
 class _Root(SNode):
-    """ti.root: the top of the layout, and the lazy_grad flag."""
+    """ti.root: the top of the layout, and the lazy_grad / lazy_dual flags."""
 
     def __init__(self):
         super().__init__(None, {})
         self._fields: "weakref.WeakSet" = weakref.WeakSet()
         self._lazy_grad = False
+        self._lazy_dual = False
 
     def _adopt(self, f) -> None:
         """Field f was placed (explicitly or through shape=)."""
         self._fields.add(f)
         if self._lazy_grad and f.dtype.is_float:
             f._attach_grad()
+        if self._lazy_dual and f.dtype.is_float:
+            f._attach_dual()
 
     def lazy_grad(self) -> None:
         """Give every float field placed under root, now or later, a gradient."""
@@ -121,9 +125,18 @@ class _Root(SNode):
             if f.dtype.is_float and f._gen == _rt.generation():
                 f._attach_grad()
 
+    def lazy_dual(self) -> None:
+        """Give every float field placed under root, now or later, a dual (forward mode's
+        tangent, ti.ad.FwdMode)."""
+        self._lazy_dual = True
+        for f in list(self._fields):
+            if f.dtype.is_float and f._gen == _rt.generation():
+                f._attach_dual()
+
     def _reset(self) -> None:
         self._fields = weakref.WeakSet()
         self._lazy_grad = False
+        self._lazy_dual = False
 
     def __repr__(self) -> str:
         return "ti.root"

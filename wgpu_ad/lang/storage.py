@@ -83,8 +83,10 @@ class Storage(ABC):
         self.version = 0
         self.writer = ""  # who wrote it last, for that message
         self._grad: Storage | None = None
+        self._dual: Storage | None = None  # forward mode's tangent (needs_dual=True, lazy_dual())
         self._gen = _rt.generation()
         self.is_grad = False
+        self.is_dual = False
         self.primal: Storage | None = None
         _live.add(self)
 
@@ -93,7 +95,7 @@ class Storage(ABC):
     @property
     def name(self) -> str | None:
         if self._name is None and self.primal is not None and self.primal.name is not None:
-            return f"{self.primal.name}.grad"
+            return f"{self.primal.name}.{'dual' if self.is_dual else 'grad'}"
         return self._name
 
     @name.setter
@@ -119,6 +121,33 @@ class Storage(ABC):
         if self.is_grad:
             return f"{self._label()} is a gradient and has no gradient of its own"
         return f"{self._label()} has no gradient: create it with needs_grad=True before using {n}.grad"
+
+    @property
+    def needs_dual(self) -> bool:
+        return self._dual is not None
+
+    @property
+    def dual(self) -> "Storage":
+        """The tangent of forward mode (ti.ad.FwdMode): a storage like this one."""
+        if self._dual is None:
+            raise WgpuAdError(self._no_dual_message())
+        return self._dual
+
+    def _no_dual_message(self) -> str:
+        n = self.name or "x"
+        if self.is_grad or self.is_dual:
+            return f"{self._label()} is a {'dual' if self.is_dual else 'gradient'} and has no dual of its own"
+        return f"{self._label()} has no dual: create it with needs_dual=True before using {n}.dual"
+
+    def _attach_dual(self) -> None:
+        if self._dual is None:
+            if not self.dtype.is_float:
+                raise WgpuAdError(f"{self._label()} has dtype {self.dtype}: only float fields can have "
+                                  f"duals (needs_dual=True)")
+            d = self._new_grad()
+            d.is_dual = True
+            d.primal = self
+            self._dual = d
 
     @abstractmethod
     def _new_grad(self) -> "Storage":
@@ -323,6 +352,7 @@ class Storage(ABC):
         shape = self._shape if self._shape is not None else "unplaced"
         el = f", element_shape={self.element_shape}" if self.element_shape else ""
         grad = ", needs_grad=True" if self.needs_grad else ""
+        grad += ", needs_dual=True" if self.needs_dual else ""
         return f"<wgpu_ad {self._kind} {self.name or '(unnamed)'}: {self.dtype}, shape={shape}{el}{grad}>"
 
     def __str__(self) -> str:

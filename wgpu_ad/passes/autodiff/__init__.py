@@ -1,6 +1,6 @@
-"""Automatic differentiation on the IR: reverse mode (reverse.py) with its rules (rules.py),
-the control-flow normalisation it needs (normalize.py) and the checks that refuse what it
-cannot differentiate correctly (checks.py)."""
+"""Automatic differentiation on the IR: reverse mode (reverse.py) and forward mode (forward.py)
+with their rules (rules.py), the control-flow normalisation reverse mode needs (normalize.py) and
+the checks that refuse what it cannot differentiate correctly (checks.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,6 +11,7 @@ from ...ir.nodes import Buffer, Kernel
 from .checks import check_differentiable
 from ...ir.clone import clone_kernel
 from .demote import demote_atomics, task_buffers
+from .forward import dual_kernel
 from .fuse import NotFusable, check_fusable, fused_access
 from .normalize import normalize_task
 from .promote import promote_elements, snapshot_loads
@@ -131,4 +132,4 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     return out, info
 
 
-__all__ = ["reverse_kernel", "AdjointInfo", "DEFAULT_STACK_SIZE", "clone_kernel", "NotFusable"]
+__all__ = ["reverse_kernel", "dual_kernel", "AdjointInfo", "DEFAULT_STACK_SIZE", "clone_kernel", "NotFusable"]

@@ -1,9 +1,17 @@
-"""Adjoint rules, one per differentiable op, written like the math.
+"""Derivative rules, one per differentiable op, written like the math: the adjoint (RULES, reverse
+mode) and the tangent (JVP, forward mode) of each op side by side.
 
-A rule gets the AdjointEmitter `d`, the primal statement `s` (its replayed operands are `x`, `y`,
-`z` and its replayed result `r`) and the incoming adjoint `g`, and returns one contribution per
-operand (None where the operand gets nothing). Ops with a zero derivative (piecewise constant,
-integer or boolean) are listed in ZERO; every ALU op must be in exactly one of the two tables.
+An adjoint rule gets the AdjointEmitter `d`, the primal statement's replayed operands `x`, `y`,
+`z`, its replayed result `r` and the incoming adjoint `g`, and returns one contribution per
+operand (None where the operand gets nothing).
+
+A tangent rule gets the TangentEmitter `d` (passes/autodiff/forward.py), the operands, the result
+`r` and then the operands' tangents `dx`, `dy`, `dz`, and returns the result's tangent. A tangent
+may be None, meaning zero: the emitter's arithmetic treats it so (`d.mul(None, c)` is None,
+`d.add(None, t)` is t), so a rule is written once for every combination of varying operands.
+
+Ops with a zero derivative (piecewise constant, integer or boolean) are listed in ZERO; every ALU
+op must be in exactly one of RULES and ZERO, and in exactly one of JVP and ZERO (tests check it).
 """
 from __future__ import annotations
 
@@ -54,7 +62,41 @@ RULES = {
     Op.SELECT: lambda d, c, x, y, r, g: [None, d.select(c, g, d.zero), d.select(c, d.zero, g)],
 }
 
+# tangents: d r = sum over operands of (d r / d operand) * d operand
+JVP = {
+    Op.NEG: lambda d, x, r, dx: d.neg(dx),
+    Op.ABS: lambda d, x, r, dx: d.mul(dx, d.emit(Op.SIGN, [x])),
+    Op.SIN: lambda d, x, r, dx: d.mul(dx, d.emit(Op.COS, [x])),
+    Op.COS: lambda d, x, r, dx: d.neg(d.mul(dx, d.emit(Op.SIN, [x]))),
+    Op.TAN: lambda d, x, r, dx: d.mul(dx, d.add(d.one, d.mul(r, r))),
+    Op.ASIN: lambda d, x, r, dx: d.mul(dx, d.emit(Op.RSQRT, [d.sub(d.one, d.mul(x, x))])),
+    Op.ACOS: lambda d, x, r, dx: d.neg(d.mul(dx, d.emit(Op.RSQRT, [d.sub(d.one, d.mul(x, x))]))),
+    Op.ATAN: lambda d, x, r, dx: d.div(dx, d.add(d.one, d.mul(x, x))),
+    Op.TANH: lambda d, x, r, dx: d.mul(dx, d.sub(d.one, d.mul(r, r))),
+    Op.EXP: lambda d, x, r, dx: d.mul(dx, r),
+    Op.LOG: lambda d, x, r, dx: d.div(dx, x),
+    Op.SQRT: lambda d, x, r, dx: d.div(d.mul(dx, d.half), r),
+    Op.RSQRT: lambda d, x, r, dx: d.mul(dx, d.mul(d.const(-0.5), d.mul(r, d.mul(r, r)))),
+    Op.CAST: lambda d, x, r, dx: d.cast_tangent(dx, x),
+    Op.ADD: lambda d, x, y, r, dx, dy: d.add(dx, dy),
+    Op.SUB: lambda d, x, y, r, dx, dy: d.sub(dx, dy),
+    Op.MUL: lambda d, x, y, r, dx, dy: d.add(d.mul(dx, y), d.mul(x, dy)),
+    # (dx - r dy) / y, with one division as in the primal
+    Op.DIV: lambda d, x, y, r, dx, dy: d.div(d.sub(dx, d.mul(r, dy)), y),
+    # d x^y = y x^(y-1) dx + x^y log(x) dy (the log only where y varies)
+    Op.POW: lambda d, x, y, r, dx, dy: d.add(d.mul(dx, d.mul(y, d.emit(Op.POW, [x, d.sub(y, d.one)]))),
+                                            d.mul(dy, d.lazy(lambda: d.mul(r, d.emit(Op.LOG, [x]))))),
+    Op.ATAN2: lambda d, y, x, r, dy, dx: d.div(d.sub(d.mul(x, dy), d.mul(y, dx)), d.add(d.mul(x, x), d.mul(y, y))),
+    # the chosen operand's tangent, with the reverse rules' tie-breaking (the first operand)
+    Op.MIN: lambda d, x, y, r, dx, dy: d.select(d.emit(Op.LE, [x, y]), dx, dy),
+    Op.MAX: lambda d, x, y, r, dx, dy: d.select(d.emit(Op.GE, [x, y]), dx, dy),
+    # x mod y = x - y floor(x / y)
+    Op.MOD: lambda d, x, y, r, dx, dy: d.sub(dx, d.mul(dy, d.lazy(lambda: d.emit(Op.FLOOR, [d.div(x, y)])))),
+    Op.SELECT: lambda d, c, x, y, r, dc, dx, dy: d.select(c, dx, dy),
+}
+
 # zero derivative almost everywhere, or not real-valued
 ZERO = GroupOp.NotDifferentiable | frozenset({Op.FLOORDIV})
 
 assert not (set(RULES) & ZERO), "an op is both differentiable and zero-gradient"
+assert not (set(JVP) & ZERO), "an op has a tangent rule and a zero derivative"
