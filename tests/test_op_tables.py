@@ -16,7 +16,7 @@ from wgpu_ad.ir.builder import Builder
 from wgpu_ad.ir.nodes import ArgSlot, Stmt
 from wgpu_ad.ir.ops import GroupOp, Op
 from wgpu_ad.ir.semantics import evaluate
-from wgpu_ad.passes.autodiff import symmetry, transpose
+from wgpu_ad.passes.autodiff import forward, rules, symmetry, transpose
 from wgpu_ad.types import f32, i32, u1
 
 
@@ -116,6 +116,26 @@ def test_py_function_computes_its_op_and_lowers_to_it(op, f):
 def test_py_builtins_is_the_python_functions_of_the_table():
     assert {id(f) for f in B.PY_BUILTINS} == {id(f) for _, fs in B._PY_FUNCTIONS.values() for f in fs}
     assert math.pow in B.PY_BUILTINS and abs in B.PY_BUILTINS
+
+
+# ---- passes/autodiff/rules.py: adjoint and tangent rules; forward.py: the other ops ------------
+
+def test_every_alu_op_has_an_adjoint_rule_or_a_zero_derivative():
+    check(GroupOp.ALU, ("rules.RULES", rules.RULES), ("rules.ZERO", rules.ZERO))
+
+
+def test_every_alu_op_has_a_tangent_rule_or_a_zero_derivative():
+    check(GroupOp.ALU, ("rules.JVP", rules.JVP), ("rules.ZERO", rules.ZERO))
+
+
+def test_forward_mode_decides_every_op():
+    check(Op, ("rules.JVP", rules.JVP), ("rules.ZERO", rules.ZERO - {Op.RANDOM}), ("forward.CONTROL", forward.CONTROL),
+          ("forward.CONSTANT", forward.CONSTANT), ("forward.MEMORY", forward.MEMORY),
+          ("forward.NOT_IN_INPUT", forward.NOT_IN_INPUT))
+
+
+def test_differentiable_ops_have_both_rules():
+    assert set(rules.RULES) == set(rules.JVP), sorted(o.name for o in set(rules.RULES) ^ set(rules.JVP))
 
 
 # ---- passes/autodiff/transpose.py: the cost of a pair loop's body ---------------------------

@@ -31,14 +31,15 @@ class Vector:
         return np.asarray(data, dtype=_np_dtype(data, d)).reshape(-1)
 
     @staticmethod
-    def field(n, dtype=f32, shape=None, name=None, needs_grad=False, offset=None, layout=None):
+    def field(n, dtype=f32, shape=None, name=None, needs_grad=False, offset=None, layout=None, needs_dual=False):
         from .field import vector_field
-        return vector_field(n, dtype, shape=shape, name=name, needs_grad=needs_grad, offset=offset)
+        return vector_field(n, dtype, shape=shape, name=name, needs_grad=needs_grad, offset=offset,
+                            needs_dual=needs_dual)
 
     @staticmethod
-    def ndarray(n, dtype=f32, shape=(), needs_grad=False):
+    def ndarray(n, dtype=f32, shape=(), needs_grad=False, needs_dual=False):
         from .ndarray import ndarray
-        return ndarray(VectorType(n, to_dtype(dtype)), shape, needs_grad=needs_grad)
+        return ndarray(VectorType(n, to_dtype(dtype)), shape, needs_grad=needs_grad, needs_dual=needs_dual)
 
     zero = Builtin("Vector.zero", lambda dtype, n: np.zeros(n, to_dtype(dtype).np),
                    lambda o, dtype, n: o.cast(_mk((n,), [0] * n, dtype), to_dtype(dtype)))
@@ -58,14 +59,16 @@ class Matrix:
         return np.asarray(data, dtype=_np_dtype(data, d))
 
     @staticmethod
-    def field(n, m, dtype=f32, shape=None, name=None, needs_grad=False, offset=None, layout=None):
+    def field(n, m, dtype=f32, shape=None, name=None, needs_grad=False, offset=None, layout=None,
+              needs_dual=False):
         from .field import matrix_field
-        return matrix_field(n, m, dtype, shape=shape, name=name, needs_grad=needs_grad, offset=offset)
+        return matrix_field(n, m, dtype, shape=shape, name=name, needs_grad=needs_grad, offset=offset,
+                            needs_dual=needs_dual)
 
     @staticmethod
-    def ndarray(n, m, dtype=f32, shape=(), needs_grad=False):
+    def ndarray(n, m, dtype=f32, shape=(), needs_grad=False, needs_dual=False):
         from .ndarray import ndarray
-        return ndarray(MatrixType(n, m, to_dtype(dtype)), shape, needs_grad=needs_grad)
+        return ndarray(MatrixType(n, m, to_dtype(dtype)), shape, needs_grad=needs_grad, needs_dual=needs_dual)
 
     identity = Builtin("Matrix.identity", lambda dtype, n: np.eye(n, dtype=to_dtype(dtype).np),
                        lambda o, dtype, n: o.cast(_mk((n, n), [1 if i == j else 0 for i in range(n) for j in range(n)], dtype), to_dtype(dtype)))

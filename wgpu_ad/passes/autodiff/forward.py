@@ -21,6 +21,16 @@ from ...types import f32
 from .rules import JVP, ZERO
 
 
+# how each op that is not an ALU op (those are rules.JVP or rules.ZERO) is transformed
+CONTROL = frozenset({Op.IF, Op.RANGE_FOR, Op.WHILE, Op.BREAK, Op.CONTINUE, Op.RETURN, Op.ASSERT,
+                     Op.LOOP_INDEX})               # copied with their blocks; no tangent
+CONSTANT = frozenset({Op.CONST, Op.ARG, Op.RANDOM})  # copied; their tangent is zero
+MEMORY = frozenset({Op.ALLOCA, Op.LOCAL_LOAD, Op.LOCAL_STORE, Op.GLOBAL_LOAD, Op.GLOBAL_STORE,
+                    Op.ATOMIC})                    # copied, with a twin for the tangent
+# made by reverse mode and by the lowering passes, never in the optimised IR forward mode reads
+NOT_IN_INPUT = frozenset({Op.STACK_ALLOC, Op.STACK_PUSH, Op.STACK_POP, Op.WG_SUM, Op.WG_LEADER})
+
+
 class _Lazy:
     """A factor built only when the tangent it multiplies is not zero (d/dy of x**y)."""
 
@@ -165,6 +175,7 @@ class TangentEmitter:
         if op is Op.LOOP_INDEX:
             self.copy(s, attr=self.pm[id(s.attr)])
             return
+        assert op not in NOT_IN_INPUT, f"forward mode got {op.name}, made only by later passes (compiler bug)"
         n = self.copy(s)
         if op is Op.ALLOCA:
             if id(s) in self.active:  # starts at zero like its primal
