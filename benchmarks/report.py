@@ -142,6 +142,10 @@ def targets(out: dict) -> list[dict]:
     t = out.get("torch")
     if t:
         _target(rows, "torch bridge fwd+bwd / bare kernels + copies <= 1.2", t.get("ratio"), 1.2)
+    fm = out.get("fwdmode")
+    for c in (fm or {}).get("cases", ()):
+        label = c["workload"] + " " + " ".join(f"{k}={v}" for k, v in c["params"].items())
+        _target(rows, f"forward mode {label}: dual kernels / fwd <= 2", c.get("ratio"), 2.0)
     return rows
 
 

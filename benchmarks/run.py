@@ -3,8 +3,9 @@
     python -m benchmarks [--quick] [--json out.json] [--only NAME[,NAME]] [--systems a,b] [--reps R]
     python benchmarks/run.py ...          (the same)
 
-NAME is a workload (gravity, cloth, reduction, scatter, launch), `compile`, or `torch` (the PyTorch
-bridge against bare kernels, wgpu_ad only; when torch is installed). Each system runs
+NAME is a workload (gravity, cloth, reduction, scatter, launch), `compile`, `torch` (the PyTorch
+bridge against bare kernels, wgpu_ad only; when torch is installed) or `fwdmode` (forward mode's
+JVP against the forward pass on gravity and cloth, wgpu_ad only). Each system runs
 in its own worker process; within every repetition the systems take turns (A B C D A B C D ...)
 so machine noise hits all of them alike. Medians are printed with the ratio wgpu_ad / system
 (below 1: wgpu_ad is faster), then each system's loss and gradient entry against a float64
@@ -24,11 +25,11 @@ import time
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import compile_time, report, torch_bridge
+from benchmarks import compile_time, forward_mode, report, torch_bridge
 from benchmarks.systems import ALL_SYSTEMS, Worker, WorkerError, default_systems
 from benchmarks.workloads import Case, full_cases, quick_cases
 
-WORKLOADS = ("gravity", "cloth", "reduction", "scatter", "launch", "compile", "torch")
+WORKLOADS = ("gravity", "cloth", "reduction", "scatter", "launch", "compile", "torch", "fwdmode")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -125,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if c.workload in args.only]
     do_compile = not args.only or "compile" in args.only
     do_torch = (not args.only or "torch" in args.only) and "wgpu_ad" in args.systems
+    do_fwdmode = (not args.only or "fwdmode" in args.only) and "wgpu_ad" in args.systems
     out = {"machine": machine_info(), "quick": args.quick, "systems": args.systems, "cases": [], "compile": None,
-           "torch": None}
+           "torch": None, "fwdmode": None}
     print(f"benchmarks on {out['machine']['cpu']} ({out['machine']['cores']} cores); systems: "
           f"{', '.join(args.systems)}{' (quick)' if args.quick else ''}", flush=True)
     load = out["machine"]["load_avg_at_start"]
@@ -153,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     if do_torch:
         out["torch"] = torch_bridge.measure(args.quick, args.reps)
         print(torch_bridge.block(out["torch"]), flush=True)
+    if do_fwdmode:
+        out["fwdmode"] = forward_mode.measure(args.quick, args.reps)
+        print(forward_mode.block(out["fwdmode"]), flush=True)
     print(report.summary_table(out), flush=True)
     if not args.quick:
         out["targets"] = report.targets(out)

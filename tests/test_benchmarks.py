@@ -76,3 +76,16 @@ def test_torch_bridge_row(quick_run):
     assert "error" not in t, t
     assert t["same_gradient"] and t["ms"]["bridge"] > 0 and t["ms"]["bare"] > 0
     assert t["upload_mb_s"] > 0 and t["download_mb_s"] > 0
+
+
+def test_forward_mode_row(quick_run):
+    """Forward mode's JVP on gravity and cloth is timed against the forward pass, and agrees with
+    the float64 references."""
+    stdout, data, _ = quick_run
+    assert "== forward mode (ti.ad.FwdMode)" in stdout
+    fm = data["fwdmode"]
+    assert "error" not in fm, fm
+    assert [c["workload"] for c in fm["cases"]] == ["gravity", "cloth"]
+    for c in fm["cases"]:
+        assert c["rel_err"] <= 1e-3, c
+        assert c["ms"]["fwd"] > 0 and c["ms"]["dual"] > 0 and c["ms"]["fwdmode"] > 0

@@ -1,6 +1,8 @@
 """Gravity N-body energy U = sum_ij -1/sqrt(|xi - xj|^2 + 1e-3) (all ordered pairs, i = j included)
 and its gradient dU/dx through the tape: an all-pairs reduction into one 0-d field."""
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from . import Program
@@ -15,7 +17,8 @@ def inputs(p: dict) -> dict:
     return {"pos": np.random.default_rng(0).random((p["N"], 2)).astype(np.float32)}
 
 
-def build(ti, p: dict, inp: dict) -> Program:
+def kernels(ti, p: dict) -> SimpleNamespace:
+    """The fields and kernels, in the Taichi-shaped API (also used by the forward-mode benchmark)."""
     N = p["N"]
     x = ti.Vector.field(2, dtype=ti.f32, shape=N, needs_grad=True)
     U = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
@@ -30,6 +33,12 @@ def build(ti, p: dict, inp: dict) -> Program:
             r = x[i] - x[j]
             U[None] += -1 / r.norm(1e-3)
 
+    return SimpleNamespace(x=x, U=U, clear=clear, compute_U=compute_U)
+
+
+def build(ti, p: dict, inp: dict) -> Program:
+    k = kernels(ti, p)
+    x, U, clear, compute_U = k.x, k.U, k.clear, k.compute_U
     x.from_numpy(inp["pos"])
 
     def fwd():

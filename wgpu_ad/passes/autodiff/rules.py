@@ -75,14 +75,16 @@ JVP = {
     Op.TANH: lambda d, x, r, dx: d.mul(dx, d.sub(d.one, d.mul(r, r))),
     Op.EXP: lambda d, x, r, dx: d.mul(dx, r),
     Op.LOG: lambda d, x, r, dx: d.div(dx, x),
-    Op.SQRT: lambda d, x, r, dx: d.div(d.mul(dx, d.half), r),
+    # one reciprocal per divisor, as in the adjoint rules: 1/sqrt(x) here is the 1/y of DIV's
+    # rule when the root divides (every 1/|r| potential), so CSE leaves one division for both
+    Op.SQRT: lambda d, x, r, dx: d.mul(d.mul(dx, d.half), d.lazy(lambda: d.div(d.one, r))),
     Op.RSQRT: lambda d, x, r, dx: d.mul(dx, d.mul(d.const(-0.5), d.mul(r, d.mul(r, r)))),
     Op.CAST: lambda d, x, r, dx: d.cast_tangent(dx, x),
     Op.ADD: lambda d, x, y, r, dx, dy: d.add(dx, dy),
     Op.SUB: lambda d, x, y, r, dx, dy: d.sub(dx, dy),
     Op.MUL: lambda d, x, y, r, dx, dy: d.add(d.mul(dx, y), d.mul(x, dy)),
-    # (dx - r dy) / y, with one division as in the primal
-    Op.DIV: lambda d, x, y, r, dx, dy: d.div(d.sub(dx, d.mul(r, dy)), y),
+    # (dx - r dy) / y
+    Op.DIV: lambda d, x, y, r, dx, dy: d.mul(d.sub(dx, d.mul(r, dy)), d.lazy(lambda: d.div(d.one, y))),
     # d x^y = y x^(y-1) dx + x^y log(x) dy (the log only where y varies)
     Op.POW: lambda d, x, y, r, dx, dy: d.add(d.mul(dx, d.mul(y, d.emit(Op.POW, [x, d.sub(y, d.one)]))),
                                             d.mul(dy, d.lazy(lambda: d.mul(r, d.emit(Op.LOG, [x]))))),
