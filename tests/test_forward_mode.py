@@ -232,7 +232,8 @@ def test_atomic_min_max_in_a_serial_loop_keep_the_tangent_of_the_winner():
     x.from_numpy(xv)
     v = direction(4, 6)
     with ti.ad.FwdMode(loss=[hi, lo], param=x, seed=v):
-        with pytest.raises(ti.CompileError, match=r"ti.atomic_max into 'hi', which has a dual, in a parallel loop"):
+        with pytest.raises(ti.CompileError, match=r"ti.atomic_max into 'hi', which has a dual, in a parallel loop "
+                                                  r"whose threads may share an element"):
             extremes()
 
     @ti.kernel
@@ -248,6 +249,23 @@ def test_atomic_min_max_in_a_serial_loop_keep_the_tangent_of_the_winner():
         extremes_serial()
     assert hi.dual[None] == pytest.approx(2 * xv[1] * v[1], rel=1e-5)
     assert lo.dual[None] == pytest.approx(np.cos(xv[1]) * v[1], rel=1e-5)
+
+    # in a parallel loop where each element belongs to one thread, the same is exact
+    m = ti.field(ti.f32, shape=3, needs_dual=True)
+
+    @ti.kernel
+    def row_max():
+        for i in m:
+            m[i] = -100.0
+            for j in range(2):
+                ti.atomic_max(m[i], ti.sin(x[2 * i + j]))
+
+    with ti.ad.FwdMode(loss=m, param=x, seed=v):
+        row_max()
+    pairs = np.sin(xv.astype(np.float64)).reshape(3, 2)
+    win = pairs.argmax(1)
+    want = [np.cos(xv[2 * i + win[i]]) * v[2 * i + win[i]] for i in range(3)]
+    np.testing.assert_allclose(m.dual.to_numpy(), want, rtol=1e-5)
 
 
 # ---- loops and branches ------------------------------------------------------------------------
@@ -347,6 +365,37 @@ def test_while_break_continue_and_branches():
     # the float32 iterations may stop at another k than the float64 ones: the tangent of the
     # converged root is the same, the small `total` term is what the looser tolerance allows for
     assert_grad(y.dual.to_numpy(), jvp_fd(ref, [xv], [v], h=1e-7), rtol=1e-3, what="while / break / continue")
+
+
+def test_in_place_updates_in_a_serial_loop():
+    """The recursive moving average of a Taichi bug report, updated in place in a serial loop
+    (reverse mode keeps the element in a local; forward mode just follows the stores)."""
+    rows, cols = 3, 5
+    data = ti.field(ti.f32, shape=(rows, cols), needs_dual=True)
+    ewma = ti.field(ti.f32, shape=rows, needs_dual=True)
+    m = ti.field(ti.f32, shape=rows)  # atomic max into a field without a dual: no tangent to pick
+
+    @ti.kernel
+    def smooth():
+        for row in range(rows):
+            ewma[row] = data[row, 0]
+            for col in range(1, cols):
+                ewma[row] = 0.5 * data[row, col] * data[row, col] + 0.5 * ewma[row]
+                ti.atomic_max(m[row], data[row, col])
+
+    dv = f32(np.random.default_rng(9).uniform(-1, 1, (rows, cols)))
+    data.from_numpy(dv)
+    seed = direction(9, (rows, cols))
+    with ti.ad.FwdMode(loss=ewma, param=data, seed=seed.ravel()):
+        smooth()
+
+    def ref(d):
+        e = d[:, 0].copy()
+        for col in range(1, cols):
+            e = 0.5 * d[:, col] ** 2 + 0.5 * e
+        return e
+    assert_grad(ewma.dual.to_numpy(), jvp_fd(ref, [dv], [seed]), what="ewma.dual")
+    np.testing.assert_allclose(m.to_numpy(), np.maximum(dv[:, 1:].max(1), 0.0), rtol=1e-6)
 
 
 # ---- forward against reverse: <J v, w> = <v, J^T w> -----------------------------------------

@@ -18,6 +18,7 @@ from ...ir.builder import Builder
 from ...ir.nodes import Block, Buffer, Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, GroupOp, Op
 from ...types import f32
+from .demote import _parallel_keys, _signature
 from .rules import JVP, ZERO
 
 
@@ -51,6 +52,7 @@ class TangentEmitter:
         self.active: set[int] = set()
         self.used: set[int] = set()
         self.serial = False
+        self.own: set[int] = set()  # buffers whose elements each belong to one thread of the task
 
     # ---- arithmetic used by the rules (None is a zero tangent) ---------------------------
     def emit(self, op, args, dtype=None):
@@ -224,14 +226,15 @@ class TangentEmitter:
             t.index = s.index
             self.tm[id(s)] = t
             return
-        if not self.serial:
+        if not self.serial and id(buf) not in self.own:
             raise CompileError(
                 f"forward mode cannot differentiate kernel '{self.kernel.name}': ti.atomic_{kind.value} into "
-                f"'{buf.name}', which has a dual, in a parallel loop: the tangent of the result is that of the "
-                f"value that wins, and which thread wins is only known after all of them ran. Take the "
-                f"{kind.value} in a serial loop (ti.loop_config(serialize=True)), or into a field without a dual",
+                f"'{buf.name}', which has a dual, in a parallel loop whose threads may share an element: the "
+                f"tangent of the result is that of the value that wins, and which thread wins is only known "
+                f"after all of them ran. Take the {kind.value} in a serial loop (ti.loop_config(serialize=True)), "
+                f"into elements that each belong to one thread, or into a field without a dual",
                 s.loc)
-        # one thread: the value wins when it beats the old one (ties keep the old tangent)
+        # one thread per element: the value wins when it beats the old one (ties keep the old tangent)
         old_dual = b.emit(Op.GLOBAL_LOAD, [idx], f32, dual)
         old_dual.index = s.index
         wins = b.emit(Op.LT if kind is AtomicKind.MIN else Op.GT, [val, n])
@@ -244,6 +247,7 @@ class TangentEmitter:
         nt = Task(t.kind, Block(), Block(), block_dim=t.block_dim, name=t.name + "_dual")
         self.pm[id(t)] = nt
         self.serial = t.kind == "serial"
+        self.own = set() if self.serial else _one_thread_per_element(self.kernel, t)
         self.analyze(t)
         with self.b.at(nt.bounds):
             self.block(t.bounds)
@@ -252,6 +256,18 @@ class TangentEmitter:
         with self.b.at(nt.body):
             self.block(t.body)
         return nt
+
+
+def _one_thread_per_element(kernel: Kernel, t: Task) -> set:
+    """ids of the buffers whose every access in range task `t` is at the same injective function
+    of the parallel index (demote.py's proof): each element belongs to one thread."""
+    keys = _parallel_keys(kernel.loop_dims, t)
+    sigs: dict[int, set] = {}
+    for s in list(walk(t.bounds)) + list(walk(t.body)):
+        if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC):
+            buf = s.attr[1] if s.op is Op.ATOMIC else s.attr
+            sigs.setdefault(id(buf), set()).add(_signature(s, keys, kernel.loop_dims))
+    return {b for b, sig in sigs.items() if len(sig) == 1 and None not in sig}
 
 
 def _dual_name(s: Stmt) -> str | None:
@@ -268,7 +284,7 @@ def dual_kernel(kernel: Kernel, dual_source: Callable[[Buffer], object]) -> Kern
     by_source = {b.source: b for b in buffers}
     duals: dict[int, Buffer] = {}
     for b in kernel.buffers:
-        if b.grad or not b.dtype.is_float:
+        if b.grad or b.dtype != f32:  # (f16 fields: their values are never active, as in reverse mode)
             continue
         src = dual_source(b)
         if src is None:
