@@ -101,7 +101,24 @@ class Snapshot:
     index: int
 
 
-Source = Union[Field, FieldGrad, Arg, ArgGrad, Snapshot]
+@dataclass(frozen=True)
+class Scratch:
+    """Hidden storage of the kernel itself: entry `index` of the scratch buffers (`count`
+    scalars of `dtype` each) that a launch gets last, after the call's arguments and any
+    snapshots: the sum of a kernel-scope variable reduced across a parallel loop
+    (frontend/kernel.py Scratch). One per forward launch, which its adjoint reads again."""
+    index: int
+    dtype: str
+    count: int
+
+
+@dataclass(frozen=True)
+class ScratchGrad:
+    """The gradient of scratch buffer `index` (zero when its adjoint launch starts)."""
+    index: int
+
+
+Source = Union[Field, FieldGrad, Arg, ArgGrad, Snapshot, Scratch, ScratchGrad]
 
 
 # ---- the plan ----------------------------------------------------------------------------------
@@ -141,6 +158,7 @@ class LaunchPlan:
     zero_stores: tuple = ()         # adjoints: buffer positions of zero-store candidates
     fused: tuple | None = None      # fused adjoints: buffer positions by kind (fuse.py)
     snapshots: tuple = ()           # forward kernels: sources to copy before a launch (promote.py)
+    scratch: tuple = ()             # the kernel's Scratch sources, by index (forward and adjoint)
 
     @property
     def uses_random(self) -> bool:
