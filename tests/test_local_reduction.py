@@ -224,3 +224,26 @@ def test_a_field_zeroed_then_accumulated_by_a_later_loop_differentiates():
         total()
     assert loss[None] == pytest.approx(ref(x0.astype(np.float64)), rel=1e-5)
     assert_grad(x.grad.to_numpy(), central_diff(ref, x0))
+
+
+def test_reduction_in_a_kernel_called_as_a_torch_function():
+    """x / |x| with |x|^2 summed over the parallel loop, through wgpu_ad.torch: the gradient
+    matches torch's own float64 autograd of the same formula."""
+    torch = pytest.importorskip("torch", reason="the PyTorch bridge needs torch (pip install torch==2.13.0)")
+    import wgpu_ad.torch as wt
+
+    @ti.kernel
+    def normalize(x: ti.types.ndarray(), y: ti.types.ndarray()):
+        s = 0.0
+        for i in x:
+            s += x[i] * x[i]
+        for i in x:
+            y[i] = x[i] / ti.sqrt(s)
+
+    f = wt.function(normalize, outputs={"y": "x"})
+    x = torch.tensor(_x(9, 16), requires_grad=True)
+    w = torch.arange(16, dtype=torch.float32)
+    (f(x) * w).sum().backward()
+    xd = x.detach().double().requires_grad_()
+    ((xd / xd.norm()) * w.double()).sum().backward()
+    assert_grad(x.grad.numpy(), xd.grad.numpy())
