@@ -398,6 +398,31 @@ def test_in_place_updates_in_a_serial_loop():
     np.testing.assert_allclose(m.to_numpy(), np.maximum(dv[:, 1:].max(1), 0.0), rtol=1e-6)
 
 
+def test_kernel_scope_variable_summed_over_a_parallel_loop():
+    """`s += x[i]` into a kernel-scope variable (a hidden per-launch sum, plan.Scratch): its
+    tangent is summed alongside."""
+    n = 6
+    x = ti.field(ti.f32, shape=n, needs_dual=True)
+    y = ti.field(ti.f32, shape=n, needs_dual=True)
+
+    @ti.kernel
+    def normalise(p: ti.f32) -> ti.f32:
+        s = 0.0
+        for i in x:
+            s += x[i] ** p
+        for i in x:
+            y[i] = x[i] / s
+        return s
+
+    xv = f32((0.5, 1.2, 0.8, 2.0, 1.5, 0.3))
+    x.from_numpy(xv)
+    v = direction(10, n)
+    with ti.ad.FwdMode(loss=y, param=x, seed=v):
+        s = normalise(2.0)
+    assert s == pytest.approx(float((xv.astype(np.float64) ** 2).sum()), rel=1e-5)
+    assert_grad(y.dual.to_numpy(), jvp_fd(lambda a: a / (a ** 2).sum(), [xv], [v]), what="y.dual")
+
+
 # ---- forward against reverse: <J v, w> = <v, J^T w> -----------------------------------------
 def _both_modes(kernel, args, inputs, outputs, v, w):
     """(<J v, w>, <v, J^T w>) of `kernel(*args)` from its inputs (fields with needs_dual and

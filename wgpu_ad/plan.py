@@ -113,7 +113,30 @@ class Snapshot:
     index: int
 
 
-Source = Union[Field, FieldGrad, FieldDual, Arg, ArgGrad, ArgDual, Snapshot]
+@dataclass(frozen=True)
+class Scratch:
+    """Hidden storage of the kernel itself: entry `index` of the scratch buffers (`count`
+    scalars of `dtype` each) that a launch gets last, after the call's arguments and any
+    snapshots: the sum of a kernel-scope variable reduced across a parallel loop
+    (frontend/kernel.py Scratch). One per forward launch, which its adjoint reads again."""
+    index: int
+    dtype: str
+    count: int
+
+
+@dataclass(frozen=True)
+class ScratchGrad:
+    """The gradient of scratch buffer `index` (zero when its adjoint launch starts)."""
+    index: int
+
+
+@dataclass(frozen=True)
+class ScratchDual:
+    """The dual (forward mode) of scratch buffer `index`."""
+    index: int
+
+
+Source = Union[Field, FieldGrad, FieldDual, Arg, ArgGrad, ArgDual, Snapshot, Scratch, ScratchGrad, ScratchDual]
 
 
 # ---- the plan ----------------------------------------------------------------------------------
@@ -153,6 +176,7 @@ class LaunchPlan:
     zero_stores: tuple = ()         # adjoints: buffer positions of zero-store candidates
     fused: tuple | None = None      # fused adjoints: buffer positions by kind (fuse.py)
     snapshots: tuple = ()           # forward kernels: sources to copy before a launch (promote.py)
+    scratch: tuple = ()             # the kernel's Scratch sources, by index (forward and adjoint)
 
     @property
     def uses_random(self) -> bool:

@@ -117,8 +117,8 @@ class FuncLowerer(ast.NodeVisitor):
         if self.k.in_parallel and self.ret.kind == "kernel" and depth < getattr(self, "parallel_scope", 0):
             raise self.error(node, f"kernel-scope variable '{name}' is assigned inside the parallel loop; its "
                                    f"iterations run at the same time, so its value would be undefined. Accumulate "
-                                   f"into a field instead (e.g. a 0-d field with +=, which is atomic), or define "
-                                   f"'{name}' inside the loop")
+                                   f"with '{name} += ...' (an atomic reduction over the iterations, as in Taichi) "
+                                   f"or into a field, or define '{name}' inside the loop")
 
     def loops_inside_func(self) -> bool:
         return any(l.kind == "serial" for l in self.loops)

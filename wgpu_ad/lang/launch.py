@@ -19,9 +19,10 @@ _FMT = {"f32": "f", "i32": "i", "u32": "I"}
 DYNAMIC_WORKGROUPS = 1024  # range bounds read from fields: grid-stride over this many workgroups
 
 
-def storage_getter(src: plan.Source, storages: list, n_args: int = 0) -> Callable:
-    """call args -> the field / ndarray (or its gradient or dual) a buffer source names; a snapshot is
-    passed after the call's `n_args` arguments."""
+def storage_getter(src: plan.Source, storages: list, n_args: int = 0, n_scratch: int = 0) -> Callable:
+    """call args -> the field / ndarray (or its gradient or dual) a buffer source names; a
+    snapshot is passed after the call's `n_args` arguments, and the launch's `n_scratch` scratch
+    buffers last of all."""
     if isinstance(src, plan.Field):
         obj = storages[src.index]
         return lambda args: obj
@@ -43,6 +44,15 @@ def storage_getter(src: plan.Source, storages: list, n_args: int = 0) -> Callabl
     if isinstance(src, plan.Snapshot):
         k = n_args + src.index
         return lambda args: args[k]
+    if isinstance(src, plan.Scratch):
+        k = src.index - n_scratch
+        return lambda args: args[k]
+    if isinstance(src, plan.ScratchGrad):
+        k = src.index - n_scratch
+        return lambda args: args[k].grad
+    if isinstance(src, plan.ScratchDual):
+        k = src.index - n_scratch
+        return lambda args: args[k].dual
     raise AssertionError(f"unknown buffer source {src!r} (compiler bug)")
 
 
@@ -56,7 +66,7 @@ class Launcher:
         self.specs = specs
         self.pack = _packer(ck.name, p.words, specs)
         self.bounds = [_bounds(t) for t in p.tasks]
-        self.storage = [storage_getter(src, compiled.storages, len(specs)) for src in p.buffers]
+        self.storage = [storage_getter(src, compiled.storages, len(specs), len(p.scratch)) for src in p.buffers]
         self.snapshots = [storage_getter(src, compiled.storages) for src in p.snapshots]
         bound = {b.key for t in ck.tasks for b in t.bindings if b.kind == "buffer"}
         # a buffer no task binds (an ndarray's gradient in a forward kernel) is neither allocated
@@ -82,7 +92,7 @@ class Launcher:
         """Whether a tape may defer this launch to fuse it with its adjoint: no return value, no
         asserts to report, no random numbers (the fused replay would draw others)."""
         return (self.ck.ret_dtype is None and not self.has_asserts and not self.plan.uses_random
-                and not self.plan.snapshots)
+                and not self.plan.snapshots and not self.plan.scratch)
 
     def prepare(self, args) -> list:
         """The buffers of a launch with these arguments (allocating them, and marking them as
@@ -243,7 +253,8 @@ def _zero_check(p: plan.LaunchPlan, storage: list) -> Callable:
     buffer of the launch (an ndarray passed twice). Called before the launch asks for its
     buffers, which marks them as written."""
     candidates = [(pos, storage[pos]) for pos in p.zero_stores]
-    bound = [get for get, src in zip(storage, p.buffers) if not isinstance(src, plan.Snapshot)]
+    bound = [get for get, src in zip(storage, p.buffers) if not isinstance(src, (plan.Snapshot, plan.Scratch,
+                                                                                  plan.ScratchGrad))]
 
     def check(args) -> tuple:
         zero = [(pos, st) for pos, st in ((pos, get(args)) for pos, get in candidates) if st.all_zero]
