@@ -46,12 +46,12 @@ class Block:
 
 @dataclass(eq=False)
 class Buffer:
-    """A global array a kernel reads or writes: a field's storage, its gradient, or an ndarray.
+    """A global array a kernel reads or writes: a field's storage, its gradient or dual, or an ndarray.
 
     `source` is what the launcher binds, a plan.Source record: plan.Field(k) (entry k of the
-    kernel's storage table, which the frontend returns beside the IR), plan.FieldGrad(k),
-    plan.Arg(i) / plan.ArgGrad(i) (the i-th argument, an ndarray, or its gradient). The IR holds
-    no live objects. `grad` marks gradient storage.
+    kernel's storage table, which the frontend returns beside the IR), plan.FieldGrad(k) /
+    plan.FieldDual(k), plan.Arg(i) / plan.ArgGrad(i) / plan.ArgDual(i) (the i-th argument, an
+    ndarray, or its gradient or dual). The IR holds no live objects. `grad` marks gradient storage.
     `vector`: scalars per element (a vector or matrix field's, an ndarray's): the buffer holds a
     whole number of them, so the code generator may read it as an array of vectors.
     """
