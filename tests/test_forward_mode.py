@@ -688,6 +688,17 @@ def test_ndarray_duals():
         square(x, y)
     np.testing.assert_allclose(y.dual.to_numpy(), xv, rtol=1e-6)
 
+    out = ti.field(ti.f32, shape=5, needs_dual=True)
+
+    @ti.kernel
+    def scale(a: ti.types.ndarray()):
+        for i in a:
+            out[i] = a[i] * s[None] * s[None]
+
+    with ti.ad.FwdMode(loss=out, param=s, seed=[0.5]):
+        scale(xv * 3)                          # a NumPy array: no dual of its own, the field has one
+    np.testing.assert_allclose(out.dual.to_numpy(), xv * 3 * 2 * 2.0 * 0.5, rtol=1e-6)
+
 
 def test_fwd_mode_semantics_as_in_taichi():
     x = ti.field(ti.f32, shape=3, needs_dual=True)
