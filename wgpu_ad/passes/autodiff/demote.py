@@ -21,12 +21,12 @@ from ...ir.ops import AtomicKind, Op
 from . import access
 
 
-def _parallel_keys(loop_dims: dict, task: Task) -> list:
+def parallel_keys(loop_dims: dict, task: Task) -> list:
     dims = sorted({d for (t, d) in loop_dims.values() if t is task})
     return [("pdim", id(task), d) for d in dims] if dims else [("ploop", id(task))]
 
 
-def _signature(s: Stmt, keys: list, loop_dims: dict):
+def index_signature(s: Stmt, keys: list, loop_dims: dict):
     """The dims of s's index that hold the parallel keys, as affine forms; None if unproven."""
     if s.index is None:
         return None
@@ -53,7 +53,7 @@ def demote_atomics(loop_dims: dict, task: Task, orig: Task,
     Returns the ids of this task's zero-store candidates."""
     if task.kind != "range":
         return set()
-    keys = _parallel_keys(loop_dims, orig)
+    keys = parallel_keys(loop_dims, orig)
     groups: dict[int, list] = {}
     for s in walk(task.body):
         if s.op is Op.ATOMIC:
@@ -65,7 +65,7 @@ def demote_atomics(loop_dims: dict, task: Task, orig: Task,
         if not all(s.attr[0] is AtomicKind.ADD and getattr(s, "index", None) is not None and s.attr[1].grad
                    for s in stmts):
             continue
-        sigs = {_signature(s, keys, loop_dims) for s in stmts}
+        sigs = {index_signature(s, keys, loop_dims) for s in stmts}
         if len(sigs) == 1 and None not in sigs:
             demote.update(id(s) for s in stmts)
             if (buf_id not in shared and buf_id not in other and _distinct(stmts, loop_dims)

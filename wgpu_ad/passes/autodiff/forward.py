@@ -18,7 +18,7 @@ from ...ir.builder import Builder
 from ...ir.nodes import Block, Buffer, Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, GroupOp, Op
 from ...types import f32
-from .demote import _parallel_keys, _signature
+from .demote import index_signature, parallel_keys
 from .rules import JVP, ZERO
 
 
@@ -261,12 +261,12 @@ class TangentEmitter:
 def _one_thread_per_element(kernel: Kernel, t: Task) -> set:
     """ids of the buffers whose every access in range task `t` is at the same injective function
     of the parallel index (demote.py's proof): each element belongs to one thread."""
-    keys = _parallel_keys(kernel.loop_dims, t)
+    keys = parallel_keys(kernel.loop_dims, t)
     sigs: dict[int, set] = {}
     for s in list(walk(t.bounds)) + list(walk(t.body)):
         if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC):
             buf = s.attr[1] if s.op is Op.ATOMIC else s.attr
-            sigs.setdefault(id(buf), set()).add(_signature(s, keys, kernel.loop_dims))
+            sigs.setdefault(id(buf), set()).add(index_signature(s, keys, kernel.loop_dims))
     return {b for b, sig in sigs.items() if len(sig) == 1 and None not in sig}
 
 
