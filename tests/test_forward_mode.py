@@ -434,6 +434,7 @@ def _both_modes(kernel, args, inputs, outputs, v, w):
             x.dual.from_numpy(vx)  # the other inputs' directions too
         for y in outputs:
             y.fill(0)
+            y.dual.fill(0)
         kernel(*args)
     jv = sum(float(np.sum(y.dual.to_numpy().astype(np.float64) * wy)) for y, wy in zip(outputs, w))
     for y in outputs:
