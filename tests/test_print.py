@@ -406,3 +406,52 @@ def test_checkpointed_steps_print_in_the_forward_pass_only(capsys):
     assert np.allclose(x.grad.to_numpy(), 1.5 ** steps, rtol=1e-5)
     got = lines_of(capsys)
     assert sorted(got) == sorted(f"step {t} i {i}" for t in range(steps) for i in range(n))
+
+
+def test_gradient_checks_run_the_forward_again_silently(capsys):
+    x = ti.field(ti.f32, shape=3, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    x.from_numpy(np.array([0.5, -1.0, 2.0], np.float32))
+
+    @ti.kernel
+    def square():
+        for i in x:
+            print("x", i)
+            loss[None] += x[i] * x[i]
+
+    report = ti.ad.check_grad(square, loss, [x])
+    assert report.ok
+    assert np.allclose(x.grad.to_numpy(), [1.0, -2.0, 4.0], rtol=1e-5)
+    assert sorted(lines_of(capsys)) == ["x 0", "x 1", "x 2"]
+
+
+# ---- other paths -----------------------------------------------------------------------------------------
+
+def test_lines_printed_before_a_failed_assert_come_out_first(capsys):
+    ti.init(debug=True)
+
+    @ti.kernel
+    def k(n: ti.i32):
+        print("checking", n)
+        assert n < 0, "n must be negative"
+
+    with pytest.raises(ti.KernelAssertionError, match="n must be negative"):
+        k(3)
+    assert lines_of(capsys) == ["checking 3"]
+
+
+def test_a_kernel_loaded_from_the_offline_cache_prints(capsys):
+    from wgpu_ad.compiler import cache
+
+    @ti.kernel
+    def k(a: ti.f32, n: ti.i32):
+        print(f"a = {a:.2f}, n = {n}")
+
+    k(0.25, 3)
+    ti.sync()
+    ti.reset()  # forgets the compiled kernel: the next call loads it from the disk
+    hits = cache.stats["hits"]
+    k(1.5, -4)
+    ti.sync()
+    assert cache.stats["hits"] == hits + 1
+    assert lines_of(capsys) == ["a = 0.25, n = 3", "a = 1.50, n = -4"]
