@@ -170,6 +170,13 @@ class Print:
     def values(self) -> tuple:
         return tuple(p for p in self.parts if isinstance(p, PrintValue))
 
+    @property
+    def template(self) -> str:
+        """The line as a Python format string ("x = {:.3f}\n"), for the IR printer."""
+        return "".join(p.replace("{", "{{").replace("}", "}}") if isinstance(p, str) else
+                       "{" + (f"!{p.conversion}" if p.conversion else "") + (f":{p.spec}" if p.spec else "") + "}"
+                       for p in self.parts)
+
     def format(self, values) -> str:
         """The text of the line for these values (one per PrintValue, in order)."""
         it = iter(values)
