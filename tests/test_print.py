@@ -455,3 +455,17 @@ def test_a_kernel_loaded_from_the_offline_cache_prints(capsys):
     ti.sync()
     assert cache.stats["hits"] == hits + 1
     assert lines_of(capsys) == ["a = 0.25, n = 3", "a = 1.50, n = -4"]
+
+
+def test_a_print_buffer_larger_than_the_adapter_allows_is_refused():
+    ti.init(print_buffer_lines=1 << 30)
+    limit = ti.get_runtime().max_scratch_bytes
+
+    @ti.kernel
+    def k():
+        print("hello")
+
+    with pytest.raises(ti.WgpuAdError, match=r"ti.init\(print_buffer_lines=1073741824\): a print buffer of 1073741824 "
+                                             rf"lines of up to 8 words needs 34359738380 bytes, more than this "
+                                             rf"adapter's largest storage binding \({limit} bytes\); ask for fewer lines"):
+        k()

@@ -551,8 +551,8 @@ def _flush_prints(rt: Runtime | None) -> None:
         return
     try:
         rt.sync()
-    except WgpuAdError as e:  # the device failed: the lines are lost, say so instead of a traceback
-        print(f"wgpu_ad: lines printed by kernels could not be read back: {e}", file=sys.stderr)
+    except WgpuAdError as e:  # the runtime is going away: report, instead of a traceback
+        print(f"wgpu_ad: while reading back the lines printed by kernels: {e}", file=sys.stderr)
 
 
 atexit.register(lambda: _flush_prints(_runtime))

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ..errors import WgpuAdError
+
 HEADER = 3
 MUTED = 0xFFFFFFFF   # the tag of a launch whose lines are not wanted (shaders/print.wgsl skips them)
 DEFAULT_LINES = 16384
@@ -31,7 +33,6 @@ class PrintBuffer:
 
     def __init__(self, rt, lines: int = DEFAULT_LINES):
         if not (isinstance(lines, int) and not isinstance(lines, bool) and lines >= 1):
-            from ..errors import WgpuAdError
             raise WgpuAdError(f"ti.init(print_buffer_lines={lines!r}): expected a positive integer")
         self.rt = rt
         self.lines = lines
@@ -61,8 +62,14 @@ class PrintBuffer:
     def _allocate(self, record_words: int) -> None:
         if self.launches:
             self.rt.sync()  # the records in the old buffer are read first
-        self.record_words = max(_MIN_RECORD_WORDS, record_words)
-        self.buffer = self.rt.create_storage((HEADER + self.lines * self.record_words) * 4, "wgpu_ad.print")
+        words = max(_MIN_RECORD_WORDS, record_words)
+        nbytes = (HEADER + self.lines * words) * 4
+        if nbytes > self.rt.max_scratch_bytes:
+            raise WgpuAdError(f"ti.init(print_buffer_lines={self.lines}): a print buffer of {self.lines} lines of up to "
+                              f"{words} words needs {nbytes} bytes, more than this adapter's largest storage binding "
+                              f"({self.rt.max_scratch_bytes} bytes); ask for fewer lines")
+        self.record_words = words
+        self.buffer = self.rt.create_storage(nbytes, "wgpu_ad.print")
         self.rt.write(self.buffer, np.array([0, 0, self.lines], dtype=np.uint32))
 
     def collect(self, header: bytes) -> None:
