@@ -39,7 +39,7 @@ def _fixed_names() -> frozenset[str]:
              "print_reserve", *RNG_NAMES,
              *MATH_HELPERS, *MAIN_LOCALS}
     # helpers that name a buffer variable must not have it shadowed by one of their locals
-    for file in ("atomics", "assert", "print"):
+    for file in ("atomics", "assert"):  # (print_reserve names no buffer but print_words)
         for body in shaders.snippets(file).values():
             names |= identifiers(body)
     return frozenset(names)

@@ -189,7 +189,7 @@ def _str_format(line: _Line, fmt: str, call: ast.Call) -> None:
         line.value(v, spec or "", conv or "")
 
 
-def _static_str(fl, node) -> str | None:
+def _static_str(node) -> str | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     return None
@@ -224,8 +224,8 @@ def lower_print(fl, node: ast.Call) -> None:
         elif isinstance(a, ast.JoinedStr):
             _fstring(line, a)
         elif isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr == "format" \
-                and _static_str(fl, a.func.value) is not None:
-            _str_format(line, _static_str(fl, a.func.value), a)
+                and _static_str(a.func.value) is not None:
+            _str_format(line, _static_str(a.func.value), a)
         else:
             line.value(fl.visit(a))
     line.text(end)
