@@ -98,6 +98,22 @@ def test_kernel_scope_print_runs_once_not_once_per_later_task(capsys):
     assert lines_of(capsys) == ["start 5", "n is big"]
 
 
+def test_print_a_kernel_scope_sum_after_its_loop(capsys):
+    x = ti.field(ti.f32, shape=8)
+    x.from_numpy(np.arange(8, dtype=np.float32))
+
+    @ti.kernel
+    def total() -> ti.f32:
+        s = 0.0
+        for i in x:
+            s += x[i]
+        print("sum =", s)
+        return s
+
+    assert total() == 28.0
+    assert lines_of(capsys) == ["sum = 28.0"]
+
+
 def test_reset_prints_what_was_not_read_back(capsys):
     @ti.kernel
     def hello():
