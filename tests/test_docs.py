@@ -10,8 +10,9 @@ What a block must do is written next to it, visible to the reader:
 - a ```pytb block right after a python block says the block raises: `ExceptionName: message`,
   compared in full with what it raised.
 Blocks in other languages (sh, text, wgsl ...) are not run; `<!-- docs-test: skip -->` on the line
-before a python block leaves it out too. A block that mentions torch is skipped when torch is not
-installed.
+before a python block leaves it out too. `<!-- docs-test: xfail #N -->` there marks a block that
+shows what an open issue will make work: it must fail today (strict: once it passes, the marker and
+the page's "not yet" go). A block that mentions torch is skipped when torch is not installed.
 
 WGPU_AD_DOCS_UPDATE=1 writes the actual output into the text / pytb blocks instead of comparing
 (then review the diff; run twice when a block's output changes its number of lines, since later
@@ -36,6 +37,7 @@ PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs")
 UPDATE = os.environ.get("WGPU_AD_DOCS_UPDATE", "") not in ("", "0")
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 SKIP_MARK = "<!-- docs-test: skip -->"
+_XFAIL = re.compile(r"^<!-- docs-test: xfail (?P<reason>.+?) -->$")
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)[^\n]*$")
 
 
@@ -46,6 +48,7 @@ class Block:
     first: int             # 1-based line of the block's first code line
     last: int              # 1-based line of its closing fence
     skip: bool = False
+    xfail: str | None = None  # the reason (an open issue) it fails today
 
 
 @dataclass
@@ -71,6 +74,7 @@ def parse_blocks(text: str) -> list[Block]:
             continue
         indent, fence, lang = len(m["indent"]), m["fence"], m["lang"].lower()
         skip = i > 0 and lines[i - 1].strip() == SKIP_MARK
+        xf = _XFAIL.match(lines[i - 1].strip()) if i > 0 else None
         j = i + 1
         while j < len(lines) and not (lines[j].strip().startswith(fence[0] * len(fence))
                                       and lines[j].strip().strip(fence[0]) == ""):
@@ -78,13 +82,13 @@ def parse_blocks(text: str) -> list[Block]:
         if j == len(lines):
             raise ValueError(f"unclosed code block starting at line {i + 1}")
         body = [ln[indent:] if ln[:indent].strip() == "" else ln for ln in lines[i + 1:j]]
-        blocks.append(Block(lang, "\n".join(body), i + 2, j + 1, skip))
+        blocks.append(Block(lang, "\n".join(body), i + 2, j + 1, skip, xf["reason"] if xf else None))
         i = j + 1
     return blocks
 
 
-def snippets(page: str) -> list[Snippet]:
-    text = (ROOT / page).read_text()
+def snippets(page: str, text: str | None = None) -> list[Snippet]:
+    text = (ROOT / page).read_text() if text is None else text
     lines = text.split("\n")
     blocks = parse_blocks(text)
     out = []
@@ -206,6 +210,14 @@ def run_through(s: Snippet) -> None:
                     pytest.skip("torch is not installed (pip install torch==2.13.0)")
                 continue
             output, err = _run(cur, st.namespace)
+            if cur.code.xfail:
+                if err is None:
+                    st.failed = cur.id
+                    pytest.fail(f"{cur.id} works now: remove its xfail marker ({cur.code.xfail}) and the "
+                                f"page's 'not yet'", pytrace=False)
+                if cur is s:
+                    pytest.xfail(f"{cur.code.xfail}: {_format_exc(err)}")
+                continue
             try:
                 _check(cur, output, err, st)
             except AssertionError:
@@ -234,3 +246,6 @@ def test_parser_finds_expectations():
         ("python", 4, False), ("text", 8, False), ("python", 13, True), ("python", 17, False),
         ("pytb", 20, False), ("sh", 24, False)]
     assert blocks[0].code == "print(1)" and blocks[4].code == "ValueError: x"
+    found = snippets("page.md", page)
+    assert [(s.code.first, s.expect and s.expect.lang) for s in found] == [(4, "text"), (17, "pytb")]
+    assert parse_blocks("<!-- docs-test: xfail #17 -->\n```python\nx\n```\n")[0].xfail == "#17"
