@@ -38,6 +38,7 @@ UPDATE = os.environ.get("WGPU_AD_DOCS_UPDATE", "") not in ("", "0")
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 SKIP_MARK = "<!-- docs-test: skip -->"
 _XFAIL = re.compile(r"^<!-- docs-test: xfail (?P<reason>.+?) -->$")
+LAVAPIPE_MARK = "<!-- docs-test: lavapipe -->"
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)[^\n]*$")
 
 
@@ -49,6 +50,7 @@ class Block:
     last: int              # 1-based line of its closing fence
     skip: bool = False
     xfail: str | None = None  # the reason (an open issue) it fails today
+    lavapipe: bool = False    # shows what Mesa's llvmpipe does: skipped on other adapters
 
 
 @dataclass
@@ -75,6 +77,7 @@ def parse_blocks(text: str) -> list[Block]:
         indent, fence, lang = len(m["indent"]), m["fence"], m["lang"].lower()
         skip = i > 0 and lines[i - 1].strip() == SKIP_MARK
         xf = _XFAIL.match(lines[i - 1].strip()) if i > 0 else None
+        lvp = i > 0 and lines[i - 1].strip() == LAVAPIPE_MARK
         j = i + 1
         while j < len(lines) and not (lines[j].strip().startswith(fence[0] * len(fence))
                                       and lines[j].strip().strip(fence[0]) == ""):
@@ -82,7 +85,7 @@ def parse_blocks(text: str) -> list[Block]:
         if j == len(lines):
             raise ValueError(f"unclosed code block starting at line {i + 1}")
         body = [ln[indent:] if ln[:indent].strip() == "" else ln for ln in lines[i + 1:j]]
-        blocks.append(Block(lang, "\n".join(body), i + 2, j + 1, skip, xf["reason"] if xf else None))
+        blocks.append(Block(lang, "\n".join(body), i + 2, j + 1, skip, xf["reason"] if xf else None, lvp))
         i = j + 1
     return blocks
 
@@ -124,6 +127,12 @@ def fresh_runtime():
     """Overrides conftest's per-test reset: the blocks of a page share fields and kernels; the
     runtime is reset when a page starts instead (run_through)."""
     yield
+
+
+def _on_lavapipe() -> bool:
+    import wgpu_ad
+    info = wgpu_ad.get_runtime().adapter.info
+    return "llvmpipe" in str(info.get("device", "")).lower()
 
 
 def _format_exc(e: BaseException) -> str:
@@ -208,6 +217,10 @@ def run_through(s: Snippet) -> None:
             if _needs_torch(cur.code.code) and not HAVE_TORCH:
                 if cur is s:
                     pytest.skip("torch is not installed (pip install torch==2.13.0)")
+                continue
+            if cur.code.lavapipe and not _on_lavapipe():
+                if cur is s:
+                    pytest.skip("shows what lavapipe (Mesa llvmpipe) does; this adapter is another")
                 continue
             output, err = _run(cur, st.namespace)
             if cur.code.xfail:
