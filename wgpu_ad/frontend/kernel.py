@@ -7,6 +7,7 @@ effects are recomputed at the start of every later task that may use them.
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
 import math
 from dataclasses import dataclass, field
@@ -159,6 +160,8 @@ def _is_pure(fl_globals: dict, st: ast.stmt) -> bool:
             return False
         if isinstance(n, ast.Call):
             f = _resolve(fl_globals, n.func)
+            if _is_print(f, n.func):
+                return False
             if f is B.random or (isinstance(f, B.Builtin) and f.ref_first_arg) or \
                     getattr(f, "_wgpu_ad_func", False) and not _func_is_pure(f, set()):
                 return False
@@ -183,11 +186,17 @@ def _func_is_pure(f, seen: set) -> bool:
             return False
         if isinstance(n, ast.Call):
             c = _resolve(g, n.func)
+            if _is_print(c, n.func):
+                return False  # printing is an effect: not recomputed in every task
             if c is B.random or (isinstance(c, B.Builtin) and c.ref_first_arg):
                 return False
             if getattr(c, "_wgpu_ad_func", False) and not _func_is_pure(c, seen):
                 return False
     return True
+
+
+def _is_print(resolved, func: ast.expr) -> bool:
+    return resolved is builtins.print or (resolved is None and isinstance(func, ast.Name) and func.id == "print")
 
 
 def _resolve(g: dict, node):

@@ -19,6 +19,7 @@ from ..types import DType, MatrixType, VectorType, i32, u1
 from .context import LoopCtx, ParsedFunc, ReturnCtx, contains_return, static_globals
 from .loops import lower_serial_for
 from .methods import MatMethod, eval_ref_or_value, lower_call, make_ref
+from .printing import fstring_value
 from .refs import GlobalRef, LocalRef, Ref, swizzle_indices
 from .values import Mat, Ops, dtype_of_entries, entry_names, is_static
 
@@ -515,7 +516,7 @@ class FuncLowerer(ast.NodeVisitor):
         return self.visit(node.value)
 
     def visit_JoinedStr(self, node):
-        raise self.error(node, "f-strings are not supported in kernels", UnsupportedError)
+        return fstring_value(self, node)
 
     def ref(self, node: ast.expr) -> Ref:
         return make_ref(self, node)

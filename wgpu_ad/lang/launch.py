@@ -64,7 +64,7 @@ class Launcher:
         self.ck = ck = compiled.ck
         self.plan = p = ck.plan
         self.specs = specs
-        self.pack = _packer(ck.name, p.words, specs)
+        self.pack = _packer(ck.name, p.words, specs, p.prints)
         self.bounds = [_bounds(t) for t in p.tasks]
         self.storage = [storage_getter(src, compiled.storages, len(specs), len(p.scratch)) for src in p.buffers]
         self.snapshots = [storage_getter(src, compiled.storages) for src in p.snapshots]
@@ -92,7 +92,8 @@ class Launcher:
         """Whether a tape may defer this launch to fuse it with its adjoint: no return value, no
         asserts to report, no random numbers (the fused replay would draw others)."""
         return (self.ck.ret_dtype is None and not self.has_asserts and not self.plan.uses_random
-                and not self.plan.snapshots and not self.plan.scratch)
+                and not self.plan.snapshots and not self.plan.scratch
+                and not self.plan.prints)  # the fused replay does not print
 
     def prepare(self, args) -> list:
         """The buffers of a launch with these arguments (allocating them, and marking them as
@@ -131,13 +132,16 @@ class _NoSeed:
     def next_seed(self) -> int:
         return 0
 
+    def print_tag(self, kernel: str, prints: tuple, record_words: int) -> int:
+        return 0
+
 
 # ---- uniform words -------------------------------------------------------------------------------
 
-def _packer(kname: str, words: tuple, specs: list) -> Callable:
+def _packer(kname: str, words: tuple, specs: list, prints: tuple = ()) -> Callable:
     """(call args, runtime) -> the uniform block's bytes; .unpack(bytes) -> the word values."""
     st = struct.Struct("<" + "".join(_FMT[plan.word_dtype(w)] for w in words))
-    getters = [_word_getter(kname, w, specs) for w in words]
+    getters = [_word_getter(kname, w, specs, prints) for w in words]
     derived = [(n, w) for n, w in enumerate(words) if isinstance(w, plan.StackCapacity)]
 
     def pack(args, rt):
@@ -152,9 +156,12 @@ def _packer(kname: str, words: tuple, specs: list) -> Callable:
     return pack
 
 
-def _word_getter(kname: str, w, specs) -> Callable:
+def _word_getter(kname: str, w, specs, prints: tuple = ()) -> Callable:
     if isinstance(w, plan.Seed):
         return lambda args, rt: rt.next_seed()
+    if isinstance(w, plan.PrintTag):  # which launch the kernel's print() records belong to
+        record_words = 2 + max(len(p.values) for p in prints)
+        return lambda args, rt: rt.print_tag(kname, prints, record_words)
     if isinstance(w, plan.StackCapacity):
         return lambda args, rt: 0  # derived from the other words (_packer)
     k = w.arg
