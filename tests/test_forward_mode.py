@@ -736,6 +736,22 @@ def test_fwd_mode_semantics_as_in_taichi():
     assert loss.dual[None] == pytest.approx(12.0 + 6.0), "clear_gradients=False accumulates"
 
 
+def test_print_in_a_dual_kernel_prints_the_primal_values(capsys):
+    x = ti.field(ti.f32, shape=(), needs_dual=True)
+    y = ti.field(ti.f32, shape=(), needs_dual=True)
+
+    @ti.kernel
+    def square():
+        y[None] = x[None] * x[None]
+        print("y =", y[None])
+
+    x[None] = 1.5
+    with ti.ad.FwdMode(loss=y, param=x):
+        square()
+    assert y.dual[None] == pytest.approx(3.0)
+    assert capsys.readouterr().out.splitlines() == ["y = 2.25"]
+
+
 def test_dual_kernels_are_cached_offline():
     from wgpu_ad.compiler import cache
     x = ti.field(ti.f32, shape=4, needs_dual=True)

@@ -24,7 +24,7 @@ from .rules import JVP, ZERO
 
 # how each op that is not an ALU op (those are rules.JVP or rules.ZERO) is transformed
 CONTROL = frozenset({Op.IF, Op.RANGE_FOR, Op.WHILE, Op.BREAK, Op.CONTINUE, Op.RETURN, Op.ASSERT,
-                     Op.LOOP_INDEX})               # copied with their blocks; no tangent
+                     Op.LOOP_INDEX, Op.PRINT})     # copied with their blocks (print: the primal values)
 CONSTANT = frozenset({Op.CONST, Op.ARG, Op.RANDOM})  # copied; their tangent is zero
 MEMORY = frozenset({Op.ALLOCA, Op.LOCAL_LOAD, Op.LOCAL_STORE, Op.GLOBAL_LOAD, Op.GLOBAL_STORE,
                     Op.ATOMIC})                    # copied, with a twin for the tangent
