@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .. import plan
+from ..runtime import device as _device
 from ..compiler.options import current as _options
 from ..errors import CompileError, KernelArgError, WgpuAdError
 from ..types import MatrixType, VectorType, to_dtype
@@ -134,6 +135,7 @@ class Kernel:
         self._scratch_taped: dict = {}
         self._scratch_last: dict = {}
         self._scratch_spare: dict = {}
+        self._pool_generation = None  # the runtime generation the copies and scratch belong to
         self._last = None  # (epoch, compiled, specs) when every argument is a plain scalar
         self._scalar_only = all(not isinstance(a, (Template, NdarrayType, VectorType, MatrixType))
                                 and a not in (Template, NdarrayType) for a in self.anns)
@@ -239,6 +241,7 @@ class Kernel:
         its own launch's sums), else the same set again."""
         if not lc.plan.scratch:
             return ()
+        self._drop_dead_pools()
         key = id(lc)
         if taped:
             spare = self._scratch_spare.get(key)
@@ -287,12 +290,22 @@ class Kernel:
                 and not any(objs is o for o in self._scratch_taped.get(key, ())):
             self._scratch_spare.setdefault(key, []).append(objs)
 
+    def _drop_dead_pools(self) -> None:
+        """Copies and scratch buffers made before a ti.reset() / ti.init() are gone with the device."""
+        gen = _device.generation()
+        if self._pool_generation != gen:
+            self._pool_generation = gen
+            for pool in (self._snaps, self._spare, self._scratch_own, self._scratch_taped, self._scratch_last,
+                         self._scratch_spare):
+                pool.clear()
+
     def _keep_snapshots(self, lc, args, taped: bool) -> None:
         """Before a forward launch that updates fields in place (passes/autodiff/promote.py):
         copy them, for its adjoint's replay. Only when a gradient may be asked for (something it
         reads has one); a tape keeps one copy per launch, a launch outside a tape only the last."""
         if not any(get(args).needs_grad for get in lc.loads + lc.snapshots):
             return
+        self._drop_dead_pools()
         fields = [get(args) for get in lc.snapshots]
         copies = []
         for st in fields:
