@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import plan
 from ..errors import GpuError, KernelArgError
+from ..nan_check import element_index, element_label
 from ..types import to_dtype
 
 _FMT = {"f32": "f", "i32": "i", "u32": "I"}
@@ -277,6 +278,19 @@ def _fuse_check(p: plan.LaunchPlan, storage: list) -> Callable:
 
 # ---- the launch ------------------------------------------------------------------------------------
 
+def _element(lc: Launcher, args, src, linear: int) -> tuple[str, tuple] | None:
+    """("x[3]", its full index) for scalar `linear` of the buffer a plan source names in a launch
+    with these arguments, or None (for the message of a failed gradient check)."""
+    try:
+        st = lc.storage[lc.plan.buffers.index(src)](args)
+    except (ValueError, IndexError, AttributeError):
+        return None
+    primal = st.primal if getattr(st, "is_grad", False) and getattr(st, "primal", None) is not None else st
+    name = primal.name or ("field" if getattr(primal, "_kind", "") == "field" else "array")
+    full = element_index(primal.shape, primal.element_shape, linear)
+    return element_label(name, primal.shape, primal.element_shape, linear), full
+
+
 def launch(lc: Launcher, args, rt):
     ck, p = lc.ck, lc.plan
     packed = lc.pack(args, rt)
@@ -308,8 +322,8 @@ def launch(lc: Launcher, args, rt):
                 raise GpuError(f"kernel '{ck.name}': task {ti} runs one iteration per thread but its launch "
                                f"does not cover its range (compiler bug)")
         rt.launch(ck, ti, buffers, packed, wg, const)
-    if lc.has_asserts:  # debug-mode asserts, or autodiff stack overflow checks
-        rt.check_errors(ck)
+    if lc.has_asserts:  # debug-mode asserts, autodiff stack overflow checks, gradient checks
+        rt.check_errors(ck, lambda src, linear: _element(lc, args, src, linear))
     if ck.ret_dtype is not None:
         return rt.read_ret(ck.ret_dtype)
     return None
