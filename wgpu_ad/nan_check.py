@@ -125,6 +125,10 @@ _SHOW = {"div": "/", "mul": "*", "pow": "** (pow)", "mod": "%", "atan2": "atan2"
          "sin": "sin", "cos": "cos", "abs": "abs"}
 
 
+# the operands' names in messages, where they are not (x, y)
+_OPERANDS = {"atan2": ("y", "x")}
+
+
 def _singular(o: Origin, x: float, y: float) -> tuple[str, str] | None:
     """(why the derivative is not finite, how to avoid it) at a singular point of o's op."""
     op, k = o.op, o.operand
@@ -178,22 +182,24 @@ def _origin_text(o: Origin, vals: dict, element) -> str:
                 f"it was set so by hand (the seed of the loss's gradient?) or by the adjoint of a later "
                 f"kernel that ran without the check")
     shown = _SHOW.get(o.op, o.op)
+    names = _OPERANDS.get(o.op, ("x", "y"))[:o.arity]
     at = f"the derivative of {shown} at {_place(o.loc)}"
-    args = f"x = {_f(x)}" + (f", y = {_f(y)}" if o.arity == 2 else "")
-    operands = [x, y] if o.arity == 2 else [x]
+    operands = [x, y][:o.arity]
+    args = ", ".join(f"{n} = {_f(v)}" for n, v in zip(names, operands))
     if not _finite(*operands):
-        bad = next(v for v in operands if not math.isfinite(v))
-        return (f"It starts at {at}, whose operand is already {_kind(bad)} in the forward values "
-                f"({args}): the {_kind(bad)} comes from the forward pass the adjoint replays (an input "
-                f"field holding {_kind(bad)}, or an earlier operation of the forward), not from a derivative. "
-                f"Check the inputs, and the forward's result (the loss is probably {_kind(bad)} too)")
+        n, bad = next((n, v) for n, v in zip(names, operands) if not math.isfinite(v))
+        return (f"It starts at {at}, whose operand {n} is already {_kind(bad)} in the forward pass ({args}): "
+                f"the {_kind(bad)} is in the forward values the adjoint recomputes (an input holding "
+                f"{_kind(bad)}, or an operation of the forward before this one: log(0), x / 0, sqrt of a negative "
+                f"number, an overflow), not made by a derivative. Check the inputs and the forward's result "
+                f"(the loss is probably not finite either)")
     zero_inf = " (an infinite derivative times an incoming adjoint of 0: 0 * inf = NaN)" \
         if math.isnan(c) and g == 0 else ""
     sing = _singular(o, x, y)
     if sing is not None:
         why, fix = sing
-        return (f"It starts at {at}: {why} (here {args}; incoming adjoint {_f(g)}, so the local gradient is "
-                f"{_f(c)}{zero_inf}).\nFix: {fix}")
+        return (f"It starts at {at}: {why} (here {args}; incoming adjoint {_f(g)}, so the gradient it passes "
+                f"to {names[o.operand]} is {_f(c)}{zero_inf}).\nFix: {fix}")
     if not math.isfinite(r):
         return (f"It starts at {at}: {shown}({args}) is already {_f(r)} in the forward pass, so its derivative "
                 f"is not finite either (overflow?). Keep the operation in range")
@@ -203,7 +209,8 @@ def _origin_text(o: Origin, vals: dict, element) -> str:
     if math.isinf(c):
         return (f"It starts at {at}: the incoming adjoint {_f(g)} times the local derivative overflows "
                 f"float32 ({args}): scale the loss down")
-    return f"It starts at {at}: its derivative is not finite at {args} (incoming adjoint {_f(g)}){zero_inf}"
+    return (f"It starts at {at}: its derivative with respect to {names[o.operand]} is not finite at {args} "
+            f"(incoming adjoint {_f(g)}){zero_inf}")
 
 
 def _place(loc: SourceLoc) -> str:
