@@ -125,8 +125,9 @@ _SHOW = {"div": "/", "mul": "*", "pow": "** (pow)", "mod": "%", "atan2": "atan2"
          "sin": "sin", "cos": "cos", "abs": "abs"}
 
 
-# the operands' names in messages, where they are not (x, y)
-_OPERANDS = {"atan2": ("y", "x")}
+# the operands' names in messages (default: "its argument", or "its first / second operand")
+_ROLES = {"div": ("the dividend", "the divisor"), "mod": ("the dividend", "the divisor"),
+          "pow": ("the base", "the exponent"), "atan2": ("y", "x")}
 
 
 def _singular(o: Origin, x: float, y: float) -> tuple[str, str] | None:
@@ -182,34 +183,36 @@ def _origin_text(o: Origin, vals: dict, element) -> str:
                 f"it was set so by hand (the seed of the loss's gradient?) or by the adjoint of a later "
                 f"kernel that ran without the check")
     shown = _SHOW.get(o.op, o.op)
-    names = _OPERANDS.get(o.op, ("x", "y"))[:o.arity]
+    roles = _ROLES.get(o.op, ("its first operand", "its second operand") if o.arity == 2 else ("its argument",))
     at = f"the derivative of {shown} at {_place(o.loc)}"
     operands = [x, y][:o.arity]
-    args = ", ".join(f"{n} = {_f(v)}" for n, v in zip(names, operands))
+    args = (f"the argument is {_f(x)}" if o.arity == 1 else
+            f"the operands are {_f(x)} and {_f(y)}")
     if not _finite(*operands):
-        n, bad = next((n, v) for n, v in zip(names, operands) if not math.isfinite(v))
-        return (f"It starts at {at}, whose operand {n} is already {_kind(bad)} in the forward pass ({args}): "
-                f"the {_kind(bad)} is in the forward values the adjoint recomputes (an input holding "
-                f"{_kind(bad)}, or an operation of the forward before this one: log(0), x / 0, sqrt of a negative "
-                f"number, an overflow), not made by a derivative. Check the inputs and the forward's result "
-                f"(the loss is probably not finite either)")
+        role, bad = next((n, v) for n, v in zip(roles, operands) if not math.isfinite(v))
+        role = role.split(" ", 1)[1] if role.startswith(("its ", "the ")) else role
+        return (f"It starts at {at}, whose {role} is already {_kind(bad)} in the forward "
+                f"pass ({args}): the {_kind(bad)} is in the forward values the adjoint recomputes (an input "
+                f"holding {_kind(bad)}, or an operation of the forward before this one: log(0), x / 0, sqrt of a "
+                f"negative number, an overflow), not made by a derivative. Check the inputs and the forward's "
+                f"result (the loss is probably not finite either)")
     zero_inf = " (an infinite derivative times an incoming adjoint of 0: 0 * inf = NaN)" \
         if math.isnan(c) and g == 0 else ""
     sing = _singular(o, x, y)
     if sing is not None:
         why, fix = sing
-        return (f"It starts at {at}: {why} (here {args}; incoming adjoint {_f(g)}, so the gradient it passes "
-                f"to {names[o.operand]} is {_f(c)}{zero_inf}).\nFix: {fix}")
+        return (f"It starts at {at}: {why} (here {args}; incoming adjoint {_f(g)}, so the gradient passed to "
+                f"{roles[o.operand]} is {_f(c)}{zero_inf}).\nFix: {fix}")
     if not math.isfinite(r):
-        return (f"It starts at {at}: {shown}({args}) is already {_f(r)} in the forward pass, so its derivative "
-                f"is not finite either (overflow?). Keep the operation in range")
+        return (f"It starts at {at}: its value is already {_f(r)} in the forward pass ({args}), so its "
+                f"derivative is not finite either (an overflow?). Keep the operation in range")
     if not math.isfinite(g):
         return (f"It starts at {at}: the adjoint arriving there is already {_f(g)}: the adjoints of its "
                 f"result summed to more than float32 holds (overflow)")
     if math.isinf(c):
         return (f"It starts at {at}: the incoming adjoint {_f(g)} times the local derivative overflows "
                 f"float32 ({args}): scale the loss down")
-    return (f"It starts at {at}: its derivative with respect to {names[o.operand]} is not finite at {args} "
+    return (f"It starts at {at}: its derivative with respect to {roles[o.operand]} is not finite where {args} "
             f"(incoming adjoint {_f(g)}){zero_inf}")
 
 
