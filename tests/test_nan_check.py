@@ -15,7 +15,7 @@ import pytest
 import wgpu_ad as ti
 from wgpu_ad.ad import GradientNaNError
 
-pytestmark = pytest.mark.gpu
+gpu = pytest.mark.gpu  # the tests but the last two need an adapter (lavapipe counts)
 
 
 def line_of(kernel, text: str) -> int:
@@ -36,6 +36,7 @@ def raises_nan(run) -> GradientNaNError:
 
 # ---- the operations whose derivative is not finite -----------------------------------------------
 
+@gpu
 def test_sqrt_at_zero_names_kernel_field_element_line_and_op():
     ti.init(debug=True)
     x = ti.field(ti.f32, shape=4, needs_grad=True)
@@ -68,6 +69,7 @@ def test_sqrt_at_zero_names_kernel_field_element_line_and_op():
     assert isinstance(e, ti.KernelRuntimeError)
 
 
+@gpu
 def test_division_by_zero_with_tape_check_nan_and_a_2d_field():
     """Tape(check_nan=True) without debug mode (the tape's last launch runs fused with its adjoint)."""
     ti.init()
@@ -99,6 +101,7 @@ def test_division_by_zero_with_tape_check_nan_and_a_2d_field():
     assert f"the gradient of {e.field}[1, 2] is " in str(e)
 
 
+@gpu
 def test_log_at_zero():
     ti.init(debug=True)
     x = ti.field(ti.f32, shape=3, needs_grad=True)
@@ -123,6 +126,7 @@ def test_log_at_zero():
             f"Fix: keep the argument of log above 0: ti.log(ti.max(x, 1e-12)), or log(x + eps).") in str(e)
 
 
+@gpu
 def test_nan_in_an_input_field_is_traced_to_the_forward_values():
     ti.init(debug=True)
     x = ti.field(ti.f32, shape=3, needs_grad=True)
@@ -150,6 +154,7 @@ def test_nan_in_an_input_field_is_traced_to_the_forward_values():
             f"number, an overflow), not made by a derivative.") in str(e)
 
 
+@gpu
 def test_nan_arising_in_a_serial_loop_with_a_stack():
     """v goes 4 -> 1 -> 0 -> -1: the third step's sqrt(0) has an infinite derivative; the loop's
     values come back from the autodiff stack in reverse."""
@@ -188,6 +193,7 @@ def test_nan_arising_in_a_serial_loop_with_a_stack():
     np.testing.assert_allclose(x.grad.to_numpy(), [d, d], rtol=1e-5)
 
 
+@gpu
 def test_vector_norm_at_the_zero_vector():
     ti.init(debug=True)
     p = ti.Vector.field(3, ti.f32, shape=4, needs_grad=True)
@@ -213,6 +219,7 @@ def test_vector_norm_at_the_zero_vector():
     assert f"    loss[None] += p[i].norm()\n" in str(e)
 
 
+@gpu
 def test_zero_times_inf_in_a_chain():
     ti.init(debug=True)
     x = ti.field(ti.f32, shape=2, needs_grad=True)
@@ -236,6 +243,7 @@ def test_zero_times_inf_in_a_chain():
             "infinite derivative times an incoming adjoint of 0: 0 * inf = NaN)).") in str(e)
 
 
+@gpu
 def test_pow_with_a_negative_base_and_a_differentiated_exponent():
     ti.init(debug=True)
     x = ti.field(ti.f32, shape=2, needs_grad=True)
@@ -260,6 +268,7 @@ def test_pow_with_a_negative_base_and_a_differentiated_exponent():
             "so the gradient passed to the exponent is NaN).") in str(e)
 
 
+@gpu
 def test_a_nan_gradient_seeded_by_hand_is_named_where_it_is_read():
     ti.set_compile_options(check_nan=True)
     x = ti.field(ti.f32, shape=3, needs_grad=True)
@@ -303,6 +312,7 @@ def _mixed_program(check: bool):
     return x.grad.to_numpy(), y.grad.to_numpy(), dx, dy
 
 
+@gpu
 def test_finite_gradients_pass_the_check_unchanged():
     ti.init()
     gx0, gy0, dx, dy = _mixed_program(check=False)
@@ -315,6 +325,7 @@ def test_finite_gradients_pass_the_check_unchanged():
     assert np.array_equal(gx0, gx1) and np.array_equal(gy0, gy1)
 
 
+@gpu
 def test_without_the_check_the_backward_pass_runs_silently():
     """Documented behaviour: without debug mode or check_nan, non-finite gradients are written
     like any others (1 / 0 = inf, as IEEE arithmetic says), and nothing is raised."""
@@ -335,6 +346,7 @@ def test_without_the_check_the_backward_pass_runs_silently():
     np.testing.assert_allclose(g[[0, 2]], [0.25, 0.5], rtol=1e-6)
 
 
+@gpu
 def test_the_check_is_part_of_the_cache_key():
     """A kernel compiled with the check and without it: each launch gets its own adjoint, and an
     offline-cache hit (after ti.reset) reports the same error."""
@@ -374,6 +386,7 @@ def test_the_check_is_part_of_the_cache_key():
 
 # ---- check_grad -------------------------------------------------------------------------------
 
+@gpu
 def test_check_grad_names_a_nan_analytic_gradient():
     ti.init()
     x = ti.field(ti.f32, shape=3, needs_grad=True)
@@ -393,3 +406,57 @@ def test_check_grad_names_a_nan_analytic_gradient():
         "finite there (sqrt or log at 0, a division by zero, pow with a negative base, 0 * inf) or the forward "
         "values already are: run the backward pass with ti.ad.Tape(loss, check_nan=True) (or ti.init(debug=True)) "
         "to be told the kernel, the element and the operation")
+
+
+# ---- the compiler alone (no GPU) -----------------------------------------------------------------
+
+def _adjoint_ir(check_nan: bool):
+    """The optimised adjoint IR of a sqrt-sum kernel (compiled like tests/test_golden_wgsl.py)."""
+    from wgpu_ad import plan
+    from wgpu_ad.frontend.kernel import lower_kernel
+    from wgpu_ad.passes.autodiff import reverse_kernel
+    from wgpu_ad.passes.pipeline import optimize
+
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    def root_sum():
+        for i in x:
+            loss[None] += ti.sqrt(x[i])
+
+    ir, storages = lower_kernel(root_sum, "root_sum", [], None, debug=False, min_parallel=None)
+    ir = optimize(ir)
+    adj, _ = reverse_kernel(ir, lambda b: plan.FieldGrad(b.source.index), transpose=None, check_nan=check_nan)
+    return optimize(adj), root_sum
+
+
+@pytest.mark.parametrize("check_nan", [False, True])
+def test_checked_adjoint_ir_runs_in_the_reference_interpreter(check_nan):
+    """The checks are IR like any other (bit tests, an ASSERT per gradient write): the NumPy
+    interpreter runs them and raises the same message; without them the IR has no ASSERT and the
+    interpreter writes the inf silently. The WGSL has the checks only when asked for."""
+    from wgpu_ad.codegen import generate
+    from wgpu_ad.errors import KernelRuntimeError
+    from wgpu_ad.ir.interpreter import run_kernel
+    from wgpu_ad.ir.nodes import walk_task
+    from wgpu_ad.ir.ops import Op
+    from wgpu_ad.passes.pipeline import lower_for_codegen
+
+    adj, fn = _adjoint_ir(check_nan)
+    asserts = [s for t in adj.tasks for s in walk_task(t) if s.op is Op.ASSERT]
+    assert len(asserts) == (1 if check_nan else 0)
+    data = {"x": f32([1, 0, 4, 9]), "loss": f32([0]), "x.grad": f32([0] * 4), "loss.grad": f32([1])}
+    buffers = [data[b.name] for b in adj.buffers]
+    wgsl = "\n".join(t.wgsl for t in generate(lower_for_codegen(adj), float_atomics=False, debug=False,
+                                              workgroup_size=128).tasks)
+    assert ("report_error" in wgsl and "bitcast<u32>" in wgsl) == check_nan
+    if not check_nan:
+        run_kernel(adj, buffers)
+        np.testing.assert_allclose(data["x.grad"], [0.5, np.inf, 0.25, 1 / 6], rtol=1e-6)
+        return
+    with pytest.raises(KernelRuntimeError) as info:
+        run_kernel(adj, buffers)
+    line = inspect.getsourcelines(fn)[1] + 2
+    assert str(info.value).startswith(
+        f"the gradient of x[scalar #1] is inf: the backward pass of kernel 'root_sum' adds inf to its gradient")
+    assert f"It starts at the derivative of sqrt at line {line} of root_sum: d/dx sqrt(x)" in str(info.value)
