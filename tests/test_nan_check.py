@@ -269,6 +269,27 @@ def test_pow_with_a_negative_base_and_a_differentiated_exponent():
 
 
 @gpu
+def test_an_ndarray_argument_is_named_by_its_parameter():
+    ti.init(debug=True)
+    a = ti.ndarray(ti.f32, shape=(2, 2), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def log_sum(arr: ti.types.ndarray()):
+        for i, j in arr:
+            loss[None] += ti.log(arr[i, j])
+
+    a.from_numpy(f32([[1, 2], [0, 3]]))
+
+    def run():
+        with ti.ad.Tape(loss):
+            log_sum(a)
+    e = raises_nan(run)
+    assert (e.kernel, e.field, e.index, e.op) == ("log_sum", "arr", (1, 0), "log")
+    assert str(e).startswith("the gradient of arr[1, 0] is inf: the backward pass of kernel 'log_sum' adds inf")
+
+
+@gpu
 def test_a_nan_gradient_seeded_by_hand_is_named_where_it_is_read():
     ti.set_compile_options(check_nan=True)
     x = ti.field(ti.f32, shape=3, needs_grad=True)

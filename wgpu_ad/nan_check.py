@@ -55,15 +55,18 @@ class GradCheck:
         """The message (the interpreter formats assert templates with .format)."""
         return _message(self, values, None)
 
-    def error(self, values, element: Callable | None = None) -> GradientNaNError:
-        """The error for the values the failed check reported; element(source, linear index)
-        names an element ("x[3]"), or gives None."""
+    def error(self, values, storage: Callable | None = None) -> GradientNaNError:
+        """The error for the values the failed check reported. storage(source): the name, shape
+        and element shape of the storage (the primal field or ndarray) whose gradient a plan
+        source names in the failed launch, or None; without it elements are named by their
+        position in the buffer."""
         v = dict(zip(VALUES, values))
         site = int(v["site"])
         o = self.origins[site - 1] if 0 < site <= len(self.origins) else None
-        return GradientNaNError(_message(self, values, element), kernel=self.kernel, field=self.field,
-                                index=_index(element, self.source, int(v["index"])), value=float(v["value"]),
-                                op=o.op if o is not None else None,
+        geometry = storage(self.source) if storage is not None else None
+        index = element_index(geometry[1], geometry[2], int(v["index"])) if geometry is not None else None
+        return GradientNaNError(_message(self, values, storage), kernel=self.kernel, field=self.field, index=index,
+                                value=float(v["value"]), op=o.op if o is not None else None,
                                 line=(o.loc.line if o is not None and o.loc else None))
 
 
@@ -94,13 +97,6 @@ def _unravel(k: int, shape: tuple) -> list:
         k, r = divmod(k, n)
         out.append(r)
     return out[::-1]
-
-
-def _index(element, source, linear: int):
-    if element is None:
-        return None
-    e = element(source, linear)
-    return None if e is None else e[1]
 
 
 def _f(v: float) -> str:
@@ -173,11 +169,11 @@ def _singular(o: Origin, x: float, y: float) -> tuple[str, str] | None:
     return None
 
 
-def _origin_text(o: Origin, vals: dict, element) -> str:
+def _origin_text(o: Origin, vals: dict, storage) -> str:
     """Where the first non-finite adjoint of the thread came from."""
     x, y, r, g, c = (float(vals[k]) for k in ("x", "y", "r", "g", "c"))
     if o.op is None:  # a gradient the adjoint read
-        name = _element(element, o.source, int(vals["at"]), o.field)
+        name = _element(storage, o.source, int(vals["at"]), o.field)
         where = f" (read at {_place(o.loc)})" if o.loc else ""
         return (f"It was already {_kind(x)} in {name}.grad when the backward pass read it{where}: "
                 f"it was set so by hand (the seed of the loss's gradient?) or by the adjoint of a later "
@@ -220,15 +216,19 @@ def _place(loc: SourceLoc) -> str:
     return f"line {loc.line}" + (f" of {loc.func}" if loc.func else "")
 
 
-def _element(element, source, linear: int, field: str) -> str:
-    e = element(source, linear) if element is not None else None
-    return e[0] if e is not None else f"{field}[scalar #{linear}]"
+def _element(storage, source, linear: int, field: str) -> str:
+    """"x[3]" for scalar `linear` of the gradient buffer `source` names (see GradCheck.error)."""
+    geometry = storage(source) if storage is not None else None
+    if geometry is None:
+        return f"{field}[scalar #{linear}]"
+    name, shape, element_shape = geometry
+    return element_label(name or field, shape, element_shape, linear)
 
 
-def _message(check: GradCheck, values, element) -> str:
+def _message(check: GradCheck, values, storage) -> str:
     v = dict(zip(VALUES, values))
     value, site = float(v["value"]), int(v["site"])
-    name = _element(element, check.source, int(v["index"]), check.field)
+    name = _element(storage, check.source, int(v["index"]), check.field)
     head = (f"the gradient of {name} is {_kind(value)}: the backward pass of kernel '{check.kernel}' adds "
             f"{_f(value)} to its gradient (checked because of ti.init(debug=True) or "
             f"ti.ad.Tape(check_nan=True); the other gradients are incomplete)")
@@ -238,7 +238,7 @@ def _message(check: GradCheck, values, element) -> str:
                 "down)")
         loc = check.loc
     else:
-        body = _origin_text(origin, v, element)
+        body = _origin_text(origin, v, storage)
         loc = origin.loc or check.loc
     excerpt = f"\n{loc.excerpt()}" if loc is not None else ""
     read = ""

@@ -13,7 +13,6 @@ import numpy as np
 
 from .. import plan
 from ..errors import GpuError, KernelArgError
-from ..nan_check import element_index, element_label
 from ..types import to_dtype
 
 _FMT = {"f32": "f", "i32": "i", "u32": "I"}
@@ -278,17 +277,17 @@ def _fuse_check(p: plan.LaunchPlan, storage: list) -> Callable:
 
 # ---- the launch ------------------------------------------------------------------------------------
 
-def _element(lc: Launcher, args, src, linear: int) -> tuple[str, tuple] | None:
-    """("x[3]", its full index) for scalar `linear` of the buffer a plan source names in a launch
-    with these arguments, or None (for the message of a failed gradient check)."""
+def _geometry(lc: Launcher, args, src) -> tuple | None:
+    """(name, shape, element shape) of the field or ndarray whose gradient (or itself) a plan
+    source names in a launch with these arguments, or None: for the message of a failed
+    gradient check (nan_check.py)."""
     try:
         st = lc.storage[lc.plan.buffers.index(src)](args)
     except (ValueError, IndexError, AttributeError):
         return None
-    primal = st.primal if getattr(st, "is_grad", False) and getattr(st, "primal", None) is not None else st
-    name = primal.name or ("field" if getattr(primal, "_kind", "") == "field" else "array")
-    full = element_index(primal.shape, primal.element_shape, linear)
-    return element_label(name, primal.shape, primal.element_shape, linear), full
+    if getattr(st, "is_grad", False) and getattr(st, "primal", None) is not None:
+        st = st.primal
+    return st.name, tuple(st.shape), tuple(st.element_shape)
 
 
 def launch(lc: Launcher, args, rt):
@@ -323,7 +322,7 @@ def launch(lc: Launcher, args, rt):
                                f"does not cover its range (compiler bug)")
         rt.launch(ck, ti, buffers, packed, wg, const)
     if lc.has_asserts:  # debug-mode asserts, autodiff stack overflow checks, gradient checks
-        rt.check_errors(ck, lambda src, linear: _element(lc, args, src, linear))
+        rt.check_errors(ck, lambda src: _geometry(lc, args, src))
     if ck.ret_dtype is not None:
         return rt.read_ret(ck.ret_dtype)
     return None
