@@ -107,19 +107,12 @@ def _f(v: float) -> str:
     return f"{v:.6g}"
 
 
-def _kind(v: float) -> str:
-    return "NaN" if math.isnan(v) else _f(v)
-
-
 def _finite(*vs) -> bool:
     return all(math.isfinite(v) for v in vs)
 
 
-# how an op reads in a message
-_SHOW = {"div": "/", "mul": "*", "pow": "** (pow)", "mod": "%", "atan2": "atan2", "sqrt": "sqrt", "rsqrt": "rsqrt",
-         "log": "log", "exp": "exp", "asin": "asin", "acos": "acos", "atan": "atan", "tan": "tan", "tanh": "tanh",
-         "sin": "sin", "cos": "cos", "abs": "abs"}
-
+# how an op reads in a message, where not by its name
+_SHOW = {"div": "/", "mul": "*", "pow": "** (pow)", "mod": "%"}
 
 # the operands' names in messages (default: "its argument", or "its first / second operand")
 _ROLES = {"div": ("the dividend", "the divisor"), "mod": ("the dividend", "the divisor"),
@@ -175,7 +168,7 @@ def _origin_text(o: Origin, vals: dict, storage) -> str:
     if o.op is None:  # a gradient the adjoint read
         name = _element(storage, o.source, int(vals["at"]), o.field)
         where = f" (read at {_place(o.loc)})" if o.loc else ""
-        return (f"It was already {_kind(x)} in {name}.grad when the backward pass read it{where}: "
+        return (f"It was already {_f(x)} in {name}.grad when the backward pass read it{where}: "
                 f"it was set so by hand (the seed of the loss's gradient?) or by the adjoint of a later "
                 f"kernel that ran without the check")
     shown = _SHOW.get(o.op, o.op)
@@ -187,9 +180,9 @@ def _origin_text(o: Origin, vals: dict, storage) -> str:
     if not _finite(*operands):
         role, bad = next((n, v) for n, v in zip(roles, operands) if not math.isfinite(v))
         role = role.split(" ", 1)[1] if role.startswith(("its ", "the ")) else role
-        return (f"It starts at {at}, whose {role} is already {_kind(bad)} in the forward "
-                f"pass ({args}): the {_kind(bad)} is in the forward values the adjoint recomputes (an input "
-                f"holding {_kind(bad)}, or an operation of the forward before this one: log(0), x / 0, sqrt of a "
+        return (f"It starts at {at}, whose {role} is already {_f(bad)} in the forward "
+                f"pass ({args}): the {_f(bad)} is in the forward values the adjoint recomputes (an input "
+                f"holding {_f(bad)}, or an operation of the forward before this one: log(0), x / 0, sqrt of a "
                 f"negative number, an overflow), not made by a derivative. Check the inputs and the forward's "
                 f"result (the loss is probably not finite either)")
     zero_inf = " (an infinite derivative times an incoming adjoint of 0: 0 * inf = NaN)" \
@@ -229,13 +222,13 @@ def _message(check: GradCheck, values, storage) -> str:
     v = dict(zip(VALUES, values))
     value, site = float(v["value"]), int(v["site"])
     name = _element(storage, check.source, int(v["index"]), check.field)
-    head = (f"the gradient of {name} is {_kind(value)}: the backward pass of kernel '{check.kernel}' adds "
+    head = (f"the gradient of {name} is {_f(value)}: the backward pass of kernel '{check.kernel}' adds "
             f"{_f(value)} to its gradient (checked because of ti.init(debug=True) or "
             f"ti.ad.Tape(check_nan=True); the other gradients are incomplete)")
     origin = check.origins[site - 1] if 0 < site <= len(check.origins) else None
     if origin is None:
-        body = ("It starts where finite adjoints were summed: the sum overflowed float32 (scale the loss "
-                "down)")
+        body = ("No derivative was infinite: finite adjoints summed to more than float32 holds (an overflow; "
+                "scale the loss down)")
         loc = check.loc
     else:
         body = _origin_text(origin, v, storage)
