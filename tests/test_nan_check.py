@@ -308,6 +308,41 @@ def test_a_nan_gradient_seeded_by_hand_is_named_where_it_is_read():
             f"{line_of(double, 'y[i] = 2.0 * x[i]')} of double)") in str(e)
 
 
+@gpu
+def test_overflow_of_the_adjoints_is_named_as_such():
+    """Finite values everywhere, but a seed of 1e38: 3e38 + 3e38 is inf in float32 (a sum of
+    adjoints), and 1e38 * 10 is too (one derivative times the incoming adjoint)."""
+    ti.set_compile_options(check_nan=True)
+    x = ti.field(ti.f32, shape=2, needs_grad=True)
+    w = ti.field(ti.f32, shape=3)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def twice():
+        for i in range(1):
+            loss[None] += w[0] * x[0] + w[1] * x[0]
+
+    @ti.kernel
+    def scaled():
+        for i in range(1):
+            loss[None] += w[2] * x[1]
+
+    x.from_numpy(f32([1, 1]))
+    w.from_numpy(f32([3, 3, 10]))
+    twice()
+    loss.grad.from_numpy(f32(1e38))
+    e = raises_nan(lambda: twice.grad())
+    assert (e.field, e.index, e.op, e.line) == ("x", (0,), None, None)
+    assert ("No derivative was infinite: finite adjoints summed to more than float32 holds (an overflow; scale the "
+            "loss down).") in str(e)
+    scaled()
+    e = raises_nan(lambda: scaled.grad())
+    assert (e.field, e.index, e.op) == ("x", (1,), "mul")
+    assert (f"It starts at the derivative of * at line {line_of(scaled, 'w[2] * x[1]')} of scaled: the incoming "
+            f"adjoint 1e+38 times the local derivative overflows float32 (the operands are 10 and 1): scale the "
+            f"loss down.") in str(e)
+
+
 # ---- without the check, and programs whose gradients are finite ---------------------------------
 
 def _mixed_program(check: bool):
