@@ -2,6 +2,7 @@
 lang/launch.py's."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import weakref
 from dataclasses import dataclass
@@ -397,14 +398,17 @@ class Kernel:
         lc, specs, rt = self._get(args)
         opts = _options()
         grads = grad_sources(lc.compiled, specs)
+        # a ti.ad.Tape(check_nan=True) running its backward pass: the adjoint checks its gradients
+        check = opts.check_nan or (_ad_state or _ad()).check_nan
         # the forward's Launcher stands for the argument specs, the options and the epoch
         # (self._cache keeps it alive, so its id is never reused)
-        key = (id(lc), grads, fused)
+        key = (id(lc), grads, fused, check)
         zero = ()
         while True:
             g = self._grad_cache.get((*key, zero), False)
             if g is False:
-                c = compile_adjoint(lc.compiled, grads, opts, zero, fused)
+                o = opts if check == opts.check_nan else dataclasses.replace(opts, check_nan=check)
+                c = compile_adjoint(lc.compiled, grads, o, zero, fused)
                 g = self._grad_cache[(*key, zero)] = None if c is None else Launcher(c, specs)
             if g is None or zero or not launching or g.zero_check is None:
                 return g, specs, rt
