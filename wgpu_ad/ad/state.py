@@ -10,6 +10,7 @@ current_tape = None   # the ti.ad.Tape inside whose `with` block we are, or None
 in_backward = False   # True while a tape runs gradient functions: their launches are not recorded
 current_fwd = None    # the ti.ad.FwdMode inside whose `with` block we are: launches run dual kernels
 in_no_grad = 0        # depth of @ti.ad.no_grad function calls: their launches run plain in FwdMode
+check_nan = False     # True while a ti.ad.Tape(check_nan=True) runs them: adjoints check their gradients
 
 
 def on_launch(kernel, args: tuple) -> None:
