@@ -264,6 +264,17 @@ def lower_call(fl, node: ast.Call):
     if callee is _py.len:
         a = args[0]
         return a.n if isinstance(a, Mat) else len(a)
+    if getattr(callee, "_wgpu_ad_iterable", False):  # ti.ndrange / ti.grouped: built at compile time
+        if kwargs:
+            raise fl.error(node, f"ti.{callee.__name__}() takes no keyword arguments")
+        if callee.__name__ == "ndrange":
+            for d in (d for a in args for d in (a if isinstance(a, (tuple, list)) else (a,))):
+                if isinstance(d, Mat) or isinstance(d, float) or (isinstance(d, Stmt) and d.dtype.is_float):
+                    raise fl.error(node, "ti.ndrange() bounds must be integers; convert with int(...)")
+        try:
+            return callee(*args)
+        except ValueError as e:
+            raise fl.error(node, str(e)) from None
     if callee is _py.range and not all_static:
         raise fl.error(node, "range() with GPU-computed bounds can only be used as a for loop's iterable")
     if callee in B.PY_BUILTINS:
