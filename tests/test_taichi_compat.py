@@ -112,3 +112,128 @@ def test_ndrange_with_float_bounds_is_refused():
 
     with pytest.raises(ti.TaichiCompilationError, match=r"ti.ndrange\(\) bounds must be integers; convert with int"):
         k(2.0)
+
+
+# ---- plain Python functions and lambdas in kernels --------------------------------------------
+def _unary_grad(tifunc, x0):
+    """Taichi's grad_test shape: a kernel built around a function passed in (a lambda here);
+    returns (y, dy/dx) from a tape."""
+    n = len(x0)
+    x = ti.field(ti.f32, shape=n, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    y = ti.field(ti.f32, shape=n, needs_grad=True)
+
+    @ti.kernel
+    def run():
+        for i in x:
+            y[i] = tifunc(x[i])
+            loss[None] += y[i]
+
+    x.from_numpy(f32(x0))
+    with ti.ad.Tape(loss):
+        run()
+    return y.to_numpy(), x.grad.to_numpy()
+
+
+@pytest.mark.parametrize("tifunc, value, deriv", [
+    (lambda x: ti.sin(x), np.sin, np.cos),
+    (lambda x: x * x * 3 - x, lambda x: 3 * x * x - x, lambda x: 6 * x - 1),
+    (lambda x: ti.exp(x) / (1 + x * x), lambda x: np.exp(x) / (1 + x * x),
+     lambda x: np.exp(x) * (1 + x * x - 2 * x) / (1 + x * x) ** 2),
+    (lambda x: ti.max(x, 0.25) if True else x, lambda x: np.maximum(x, 0.25), lambda x: (x > 0.25) * 1.0),
+], ids=["sin", "polynomial", "exp_over", "conditional_expression"])
+def test_lambda_passed_to_a_kernel_builder(tifunc, value, deriv):
+    x0 = f32(np.array([-0.7, -0.1, 0.4, 0.9, 1.3])).astype(np.float64)
+    y, g = _unary_grad(tifunc, x0)
+    np.testing.assert_allclose(y, value(x0), rtol=1e-5, atol=1e-6)
+    assert_grad(g, deriv(x0))
+
+
+def test_two_lambdas_on_one_line_are_told_apart():
+    double, triple = (lambda v: v * 2.0), (lambda v: v * 3.0)
+    x = ti.field(ti.f32, shape=3)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            x[i] = double(ti.cast(i, ti.f32)) + triple(1.0 + i)
+
+    k()
+    np.testing.assert_array_equal(x.to_numpy(), 2.0 * np.arange(3) + 3.0 * (1 + np.arange(3)))
+
+
+def test_plain_python_functions_are_inlined_like_ti_func():
+    """A def (early returns, calling another plain function, a default argument), a method of an
+    object, a callable object, and a function without arguments reading a field: it reads it when
+    the kernel runs, not when it is compiled."""
+    w = ti.field(ti.f32, shape=(), needs_grad=True)
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    y = ti.field(ti.f32, shape=4, needs_grad=True)
+
+    def weight():
+        return w[None]
+
+    def softplus_like(v, k=2.0):
+        if v > 0:
+            return v + ti.log(1.0 + ti.exp(-k * v)) / k
+        return ti.log(1.0 + ti.exp(k * v)) / k
+
+    class Scale:
+        def __init__(self, s):
+            self.s = s
+
+        def apply(self, v):
+            return v * self.s
+
+        def __call__(self, v):
+            return self.apply(v) + 1.0
+
+    half = Scale(0.5)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            y[i] = half(softplus_like(x[i]) * weight()) + half.apply(x[i])
+
+    x0 = f32(np.array([-1.0, -0.2, 0.3, 1.5])).astype(np.float64)
+    x.from_numpy(f32(x0))
+
+    def ref(v, wv):
+        sp = np.log1p(np.exp(2 * v)) / 2
+        return 0.5 * sp * wv + 1.0 + 0.5 * v
+
+    for wv in (1.5, -2.0):  # the field is read at run time
+        w[None] = wv
+        k()
+        np.testing.assert_allclose(y.to_numpy(), ref(x0, wv), rtol=1e-5)
+    seed = np.array([1.0, 0.5, -1.0, 2.0])
+    y.grad.from_numpy(f32(seed))
+    k.grad()
+    assert_grad(x.grad.to_numpy(), central_diff(lambda v: float(seed @ ref(v, -2.0)), x0))
+    np.testing.assert_allclose(w.grad[None], central_diff(lambda wv: float(seed @ ref(x0, wv[0])), np.array([-2.0]))[0],
+                               rtol=1e-4)
+
+
+@pytest.mark.parametrize("call, message", [
+    ("np.sin(x[i])", "'np.sin' is a NumPy function and cannot run on GPU values in a kernel; use ti.sin"),
+    ("np.arctan2(x[i], 1.0)", "'np.arctan2' is a NumPy function and cannot run on GPU values in a kernel; use ti.atan2"),
+    ("math.fabs(x[i])", "'math.fabs' is a math module function and cannot run on GPU values in a kernel; use ti.abs"),
+    ("np.clip(x[i], 0.0, 1.0)", "'np.clip' is a NumPy function and cannot run on GPU values in a kernel; use ti.math.clamp"),
+])
+def test_numpy_and_math_functions_get_the_ti_spelling(call, message, tmp_path):
+    """The error names the line and says which ti. function to use (NumPy on compile-time
+    values, like np.sqrt(2.0), still works)."""
+    src = ("import math\nimport numpy as np\nimport wgpu_ad as ti\n\n"
+           "x = ti.field(ti.f32, shape=4)\n\n\n"
+           "@ti.kernel\ndef k():\n    for i in x:\n"
+           f"        x[i] = {call} + np.sqrt(2.0)\n")
+    path = tmp_path / "np_in_kernel.py"
+    path.write_text(src)
+    scope = {"__name__": "np_in_kernel"}
+    exec(compile(src, str(path), "exec"), scope)
+    with pytest.raises(ti.TaichiCompilationError) as e:
+        scope["k"]()
+    lines = str(e.value).splitlines()
+    assert lines[0] == message
+    assert lines[1] == f'  File "{path}", line 11, in k'
+    assert lines[2].strip() == f"x[i] = {call} + np.sqrt(2.0)"

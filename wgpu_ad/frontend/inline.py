@@ -2,13 +2,63 @@
 from __future__ import annotations
 
 import ast
+import sys
+import types
+import weakref
 
-from ..errors import CompileError
+from ..errors import CompileError, WgpuAdError
 from ..ir.ops import Op
 from ..types import u1
-from .context import ReturnCtx
+from .context import ParsedFunc, ReturnCtx
 from .refs import LocalRef
 from .values import Mat, dtype_of_entries, is_static
+
+
+# modules whose functions are never inlined: they compute on Python numbers at compile time (or,
+# for the numeric libraries, get "use ti.sin" when called on GPU values: methods.py)
+NUMERIC_MODULES = frozenset({"numpy", "math", "cmath", "scipy", "torch", "jax", "cupy"})
+
+
+class PlainFunc:
+    """A plain Python function or lambda called in a kernel: inlined like a @ti.func (Taichi runs
+    such functions on its traced values, so `f = lambda x: ti.sin(x)` works in kernels)."""
+
+    _wgpu_ad_func = True
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__name__ = fn.__name__
+        self._parsed = None
+
+    def parsed(self) -> ParsedFunc:
+        if self._parsed is None:
+            self._parsed = ParsedFunc.parse(self.fn)
+        return self._parsed
+
+
+_plain: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # function -> its PlainFunc
+
+
+def module_root(obj) -> str:
+    return (getattr(obj, "__module__", None) or "").split(".")[0]
+
+
+def inlinable(obj):
+    """The @ti.func to inline for a callee: a ti.func itself, a PlainFunc for a user's Python
+    function or lambda (not one of the standard library's, a numeric library's or wgpu_ad's), or
+    None. The same function always gives the same PlainFunc (its parse is kept; recursion is
+    found by identity)."""
+    if getattr(obj, "_wgpu_ad_func", False):
+        return obj
+    if not isinstance(obj, types.FunctionType):
+        return None
+    root = module_root(obj)
+    if root in NUMERIC_MODULES or root == "wgpu_ad" or root in sys.stdlib_module_names:
+        return None
+    f = _plain.get(obj)
+    if f is None:
+        f = _plain[obj] = PlainFunc(obj)
+    return f
 
 
 def _return_kind(tree: ast.FunctionDef) -> str:
@@ -21,7 +71,10 @@ def _return_kind(tree: ast.FunctionDef) -> str:
 
 
 def inline_func(fl, func, args: list, kwargs: dict, node: ast.Call):
-    pf = func.parsed()
+    try:
+        pf = func.parsed()
+    except WgpuAdError as e:
+        raise fl.error(node, str(e)) from None
     if func in fl.k.call_stack:
         raise fl.error(node, f"@ti.func '{pf.fn.__name__}' calls itself; recursion is not supported in kernels "
                              f"(it is inlined): use a loop")

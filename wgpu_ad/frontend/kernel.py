@@ -19,7 +19,8 @@ from ..ir.ops import Op
 from ..types import DType, MatrixType, VectorType, i32, u32
 from . import builtins as B
 from .loops import analyze_iter, bind_targets, loop_var_name, trip_count
-from .context import LoopCtx, ParsedFunc, ReturnCtx
+from .context import LoopCtx, ParsedFunc, ReturnCtx, static_globals
+from .inline import inlinable
 from .lower import FuncLowerer
 from .methods import loop_config as _loop_config_marker, static
 from .values import Mat, Ops, is_static
@@ -125,7 +126,7 @@ def _is_pure(fl_globals: dict, st: ast.stmt) -> bool:
         if isinstance(n, ast.Call):
             f = _resolve(fl_globals, n.func)
             if f is B.random or (isinstance(f, B.Builtin) and f.ref_first_arg) or \
-                    getattr(f, "_wgpu_ad_func", False) and not _func_is_pure(f, set()):
+                    inlinable(f) is not None and not _func_is_pure(inlinable(f), set()):
                 return False
     return True
 
@@ -142,7 +143,7 @@ def _func_is_pure(f, seen: set) -> bool:
         tree = f.parsed().tree
     except Exception:
         return False
-    g = f.fn.__globals__
+    g = static_globals(f.fn)
     for n in ast.walk(tree):
         if isinstance(n, (ast.Subscript, ast.Attribute)) and isinstance(n.ctx, ast.Store):
             return False
@@ -150,7 +151,7 @@ def _func_is_pure(f, seen: set) -> bool:
             c = _resolve(g, n.func)
             if c is B.random or (isinstance(c, B.Builtin) and c.ref_first_arg):
                 return False
-            if getattr(c, "_wgpu_ad_func", False) and not _func_is_pure(c, seen):
+            if inlinable(c) is not None and not _func_is_pure(inlinable(c), seen):
                 return False
     return True
 
@@ -226,7 +227,7 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
     def flush_serial():
         if not serial:
             return
-        if all(_is_pure(pf.fn.__globals__, st) for st, _ in serial):
+        if all(_is_pure(static_globals(pf.fn), st) for st, _ in serial):
             serial.clear()  # only defines kernel-scope variables: recomputed where used
             return
         task = Task("serial", Block(), name=f"{name}_t{len(tasks)}")

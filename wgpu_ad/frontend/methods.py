@@ -4,13 +4,14 @@ from __future__ import annotations
 import ast
 import builtins as _py
 import math
+import types
 
 from ..errors import CompileError, UnsupportedError
 from ..ir.nodes import Stmt
 from ..ir.ops import Op
 from ..types import DType, MatrixType, VectorType, f32, i32, to_dtype, u1
 from . import builtins as B
-from .inline import inline_func
+from .inline import NUMERIC_MODULES, inline_func, inlinable, module_root
 from .refs import (GlobalRef, LocalRef, Ref, bounds_assert, component_ref, linear_index,
                    swizzle_ref)
 from .values import Mat, Ops, dtype_of, is_static
@@ -241,9 +242,16 @@ def lower_call(fl, node: ast.Call):
             return callee.lower(o, *args, **kwargs)
         except TypeError as e:
             raise fl.error(node, f"bad arguments to ti.{callee.name}(): {e}") from None
-    if getattr(callee, "_wgpu_ad_func", False):
+    func = inlinable(callee)
+    bound = callee if isinstance(callee, types.MethodType) else getattr(callee, "__call__", None)
+    if func is None and isinstance(bound, types.MethodType) and not isinstance(callee, type):
+        func = inlinable(bound.__func__)  # obj.method(...) or a callable object: self comes first
+        if func is not None:
+            args, kwargs = _args(fl, node)
+            return inline_func(fl, func, [bound.__self__] + args, kwargs, node)
+    if func is not None:
         args, kwargs = _args(fl, node)
-        return inline_func(fl, callee, args, kwargs, node)
+        return inline_func(fl, func, args, kwargs, node)
     if getattr(callee, "_wgpu_ad_kernel", False):
         raise fl.error(node, "a kernel cannot call another kernel; decorate the callee with @ti.func instead")
     if isinstance(callee, (VectorType, MatrixType)):
@@ -286,8 +294,35 @@ def lower_call(fl, node: ast.Call):
     if all_static and callable(callee):
         return callee(*args, **kwargs)  # plain Python on compile-time values (like ti.static code)
     name = getattr(callee, "__name__", type(callee).__name__)
-    raise fl.error(node, f"'{name}' is called with GPU values but is neither a @ti.func nor a wgpu_ad builtin; "
-                         f"decorate it with @ti.func")
+    lib = module_root(callee)
+    if lib in NUMERIC_MODULES:
+        raise fl.error(node, f"'{ast.unparse(node.func)}' is a {_LIBRARY_NAMES.get(lib, lib)} function and cannot run "
+                             f"on GPU values in a kernel; use {_ti_equivalent(name)}")
+    origin = f" (from {lib.lstrip('_')})" if lib else ""
+    raise fl.error(node, f"'{name}'{origin} cannot run on GPU values in a kernel: only "
+                         f"@ti.func, Python functions and lambdas defined in your code, and wgpu_ad builtins can")
+
+
+_LIBRARY_NAMES = {"numpy": "NumPy", "math": "math module", "cmath": "cmath module", "torch": "PyTorch",
+                  "scipy": "SciPy", "jax": "JAX", "cupy": "CuPy"}
+# NumPy / math names whose wgpu_ad spelling differs (the rest: ti.<same name> where it exists)
+_TI_SPELLING = {"arcsin": "ti.asin", "arccos": "ti.acos", "arctan": "ti.atan", "arctan2": "ti.atan2",
+                "absolute": "ti.abs", "fabs": "ti.abs", "rint": "ti.round", "power": "ti.pow",
+                "maximum": "ti.max", "fmax": "ti.max", "minimum": "ti.min", "fmin": "ti.min",
+                "clip": "ti.math.clamp", "dot": "ti.math.dot (or a.dot(b))", "cross": "ti.math.cross",
+                "norm": "v.norm()", "hypot": "ti.sqrt(x * x + y * y)", "square": "x * x",
+                "exp2": "ti.math.exp2", "log2": "ti.math.log2", "degrees": "ti.math.degrees",
+                "radians": "ti.math.radians", "sign": "ti.math.sign", "fmod": "x - y * ti.floor(x / y) or %",
+                "inv": "m.inverse()", "det": "m.determinant()", "transpose": "m.transpose()",
+                "svd": "ti.svd", "where": "ti.select"}
+
+
+def _ti_equivalent(name: str) -> str:
+    if name in _TI_SPELLING:
+        return _TI_SPELLING[name]
+    if isinstance(getattr(B, name, None), B.Builtin):
+        return f"ti.{name}"
+    return "the ti. functions (ti.sin, ti.exp, ti.sqrt, ti.math.clamp ...: see the README's supported list)"
 
 
 def _args(fl, node: ast.Call):
