@@ -237,3 +237,128 @@ def test_numpy_and_math_functions_get_the_ti_spelling(call, message, tmp_path):
     assert lines[0] == message
     assert lines[1] == f'  File "{path}", line 11, in k'
     assert lines[2].strip() == f"x[i] = {call} + np.sqrt(2.0)"
+
+
+# ---- gradients placed by hand, in every combination ------------------------------------------
+def _declare(how: str, needs_grad: bool):
+    """x by one of the three ways of declaring a field: shape=, root.dense().place(), root.place()
+    (0-d); returns x and the dense level's shape ((), for the 0-d field)."""
+    if how == "shape":
+        return ti.field(ti.f32, shape=4, name="x", needs_grad=needs_grad), (4,)
+    x = ti.field(ti.f32, name="x", needs_grad=needs_grad)
+    if how == "dense":
+        ti.root.dense(ti.i, 4).place(x)
+        return x, (4,)
+    ti.root.place(x)
+    return x, ()
+
+
+def _place_grad(x, shape):
+    (ti.root.dense(ti.i, shape[0]) if shape else ti.root).place(x.grad)
+
+
+@pytest.mark.parametrize("declare", ["shape", "dense", "root"])
+@pytest.mark.parametrize("ask, when", [
+    ("needs_grad", "at_creation"),
+    ("place_grad", "before_assignment"), ("place_grad", "after_assignment"), ("place_grad", "after_launch"),
+    ("place_grad", "with_the_field"),
+    ("lazy_grad", "before_declaring"), ("lazy_grad", "after_assignment"), ("lazy_grad", "after_launch"),
+])
+def test_every_way_to_declare_a_field_with_every_way_to_ask_for_its_gradient(declare, ask, when):
+    """3 declarations x 3 ways to ask for gradients (needs_grad=True, place(x.grad), lazy_grad()),
+    at every point relative to the first assignment and the first launch. d/dx sum(x^3) = 3 x^2."""
+    if when == "before_declaring":
+        ti.root.lazy_grad()
+    if when == "with_the_field":  # one place() call: place(x, x.grad), or shape= and then x.grad
+        x = ti.field(ti.f32, name="x", shape=4) if declare == "shape" else ti.field(ti.f32, name="x")
+        shape = () if declare == "root" else (4,)
+        if declare == "shape":
+            _place_grad(x, shape)
+        else:
+            (ti.root.dense(ti.i, 4) if shape else ti.root).place(x, x.grad)
+    else:
+        x, shape = _declare(declare, ask == "needs_grad")
+    loss = ti.field(ti.f32, shape=(), name="loss", needs_grad=True)
+
+    def ask_for_gradient():
+        if ask == "place_grad":
+            _place_grad(x, shape)
+        elif ask == "lazy_grad":
+            ti.root.lazy_grad()
+
+    @ti.kernel
+    def cube_sum():
+        for I in ti.grouped(x):
+            loss[None] += x[I] ** 3
+
+    if when == "before_assignment":
+        ask_for_gradient()
+    x0 = np.array([0.5, -1.25, 2.0, 0.75])[:4 if shape else 1].reshape(shape)
+    x.from_numpy(f32(x0))
+    if when == "after_assignment":
+        ask_for_gradient()
+    if when == "after_launch":
+        cube_sum()
+        np.testing.assert_allclose(loss[None], np.sum(x0 ** 3), rtol=1e-6)
+        ask_for_gradient()
+    assert x.needs_grad and x.grad.shape == x.shape
+    with ti.ad.Tape(loss):
+        cube_sum()
+    np.testing.assert_allclose(loss[None], np.sum(x0 ** 3), rtol=1e-6)
+    assert_grad(x.grad.to_numpy(), 3 * x0 ** 2)
+
+
+def test_gradient_placed_in_another_snode_and_vector_fields():
+    """place(v.grad) under its own dense level, before v is placed; the gradient takes part in
+    kernels (gradient descent reading v.grad) and Python scope like any field."""
+    v = ti.Vector.field(2, ti.f32, name="v")
+    loss = ti.field(ti.f32, name="loss")
+    ti.root.dense(ti.i, 3).place(v.grad)
+    ti.root.dense(ti.i, 3).place(v)
+    ti.root.place(loss, loss.grad)
+
+    @ti.kernel
+    def energy():
+        for i in v:
+            loss[None] += v[i].dot(v[i]) * (i + 1)
+
+    @ti.kernel
+    def descend(lr: ti.f32):
+        for i in v:
+            v[i] -= lr * v.grad[i]
+
+    v0 = np.array([[1.0, -2.0], [0.5, 0.25], [-1.5, 3.0]])
+    v.from_numpy(f32(v0))
+    with ti.ad.Tape(loss):
+        energy()
+    g = 2 * v0 * (np.arange(3) + 1)[:, None]
+    assert_grad(v.grad.to_numpy(), g)
+    descend(0.1)
+    np.testing.assert_allclose(v.to_numpy(), v0 - 0.1 * g, rtol=1e-6)
+
+
+def test_gradients_placed_wrongly_are_refused():
+    x = ti.field(ti.f32, name="x")
+    ti.root.dense(ti.i, 4).place(x)
+    with pytest.raises(ti.WgpuAdError, match=r"x.grad is placed with shape \(5,\), but field 'x' has shape "
+                                             r"\(4,\); place the gradient with its field's shape"):
+        ti.root.dense(ti.i, 5).place(x.grad)
+    ti.root.dense(ti.i, 4).place(x.grad)
+    with pytest.raises(ti.WgpuAdError, match="field 'x.grad' is already placed; a field is placed once"):
+        ti.root.dense(ti.i, 4).place(x.grad)
+    y = ti.field(ti.f32, name="y")
+    ti.root.dense(ti.i, 2).place(y.grad)
+    with pytest.raises(ti.WgpuAdError, match=r"field 'y' is placed with shape \(3,\), but its gradient was "
+                                             r"placed with shape \(2,\)"):
+        ti.root.dense(ti.i, 3).place(y)
+
+    z = ti.field(ti.f32, shape=4, name="z")
+
+    @ti.kernel
+    def read_grad():
+        for i in z:
+            z[i] = z.grad[i]
+
+    with pytest.raises(ti.WgpuAdError, match=r"field 'z' has no gradient: create it with needs_grad=True, call "
+                                             r"ti.root.lazy_grad\(\), or place z.grad with ti.root"):
+        read_grad()
