@@ -362,3 +362,57 @@ def test_gradients_placed_wrongly_are_refused():
     with pytest.raises(ti.WgpuAdError, match=r"field 'z' has no gradient: create it with needs_grad=True, call "
                                              r"ti.root.lazy_grad\(\), or place z.grad with ti.root"):
         read_grad()
+
+
+# ---- tapes with nothing to differentiate: zero gradients, as in Taichi -------------------------
+def _fields_with_stale_gradients():
+    x = ti.field(ti.f32, shape=4, name="x", needs_grad=True)
+    y = ti.field(ti.f32, shape=4, name="y", needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), name="loss", needs_grad=True)
+    x.fill(2.0)
+    x.grad.fill(5.0)  # a tape clears gradients on entry: these must not survive
+    y.grad.fill(5.0)
+    return x, y, loss
+
+
+def test_an_empty_tape_gives_zero_gradients():
+    x, y, loss = _fields_with_stale_gradients()
+    with ti.ad.Tape(loss):
+        pass
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.zeros(4))
+    np.testing.assert_array_equal(y.grad.to_numpy(), np.zeros(4))
+    assert loss[None] == 0.0
+
+
+def test_a_loss_no_kernel_writes_gives_zero_gradients_with_a_warning():
+    x, y, loss = _fields_with_stale_gradients()
+
+    @ti.kernel
+    def double():
+        for i in x:
+            y[i] = 2 * x[i]
+
+    with pytest.warns(ti.ad.GradientWarning, match="no kernel launched inside the tape writes the loss field "
+                                                   "'loss', so every gradient is zero"):
+        with ti.ad.Tape(loss):
+            double()
+    np.testing.assert_array_equal(y.to_numpy(), np.full(4, 4.0))
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.zeros(4))
+
+
+def test_a_loss_that_depends_on_nothing_with_a_gradient_gives_zero_gradients():
+    x, y, loss = _fields_with_stale_gradients()
+    c = ti.field(ti.f32, shape=4, name="c")
+    c.fill(3.0)
+
+    @ti.kernel
+    def constant_loss():
+        for i in c:
+            loss[None] += c[i] * c[i]
+
+    with pytest.warns(ti.ad.GradientWarning, match="none of the fields read by the kernels on the tape has a "
+                                                   "gradient"):
+        with ti.ad.Tape(loss):
+            constant_loss()
+    assert loss[None] == 36.0
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.zeros(4))
