@@ -461,3 +461,59 @@ def test_taichi_grad_check_on_scalar_and_vector_fields():
     with pytest.raises(AssertionError, match="gradient check failed for field 'x1'"):
         with ti.ad.Tape(loss=y1, grad_check=[x1]):
             wrong_y1()
+
+
+# ---- assignment to a component of a matrix / vector field element ------------------------------
+def test_assignment_to_components_of_field_elements_with_gradients():
+    """m[i][j, k] = ..., m[i][j, k] += ..., v[i][j] = ..., v[i][j] += ... in a kernel; the loss
+    weights every component, so d loss / d x and the gradients of the initial m and v are known
+    in closed form (a stored component's gradient is consumed by the store: zero)."""
+    n = 3
+    x = ti.field(ti.f32, shape=n, needs_grad=True)
+    m = ti.Matrix.field(2, 2, ti.f32, shape=n, needs_grad=True)
+    v = ti.Vector.field(3, ti.f32, shape=n, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    W = np.array([[1.0, -2.0], [0.5, 3.0]])
+    U = np.array([0.25, -1.5, 2.0])
+
+    @ti.kernel
+    def build():
+        for i in x:
+            m[i][0, 1] = x[i] * 2.0
+            m[i][1, 0] = x[i] * x[i]
+            m[i][1, 1] += ti.sin(x[i])
+            v[i][2] = 3.0 * x[i]
+            v[i][0] += x[i] * x[i] * x[i]
+
+    @ti.kernel
+    def weigh():
+        for i in x:
+            for a, b in ti.static(ti.ndrange(2, 2)):
+                loss[None] += m[i][a, b] * W[a, b]
+            for a in ti.static(range(3)):
+                loss[None] += v[i][a] * U[a]
+
+    rng = np.random.default_rng(4)
+    x0 = f32(rng.uniform(-1, 1, n)).astype(np.float64)
+    m0 = f32(rng.uniform(-1, 1, (n, 2, 2))).astype(np.float64)
+    v0 = f32(rng.uniform(-1, 1, (n, 3))).astype(np.float64)
+    x.from_numpy(f32(x0))
+    m.from_numpy(f32(m0))
+    v.from_numpy(f32(v0))
+    with ti.ad.Tape(loss):
+        build()
+        weigh()
+    m1, v1 = m0.copy(), v0.copy()
+    m1[:, 0, 1], m1[:, 1, 0], m1[:, 1, 1] = 2 * x0, x0 ** 2, m0[:, 1, 1] + np.sin(x0)
+    v1[:, 2], v1[:, 0] = 3 * x0, v0[:, 0] + x0 ** 3
+    np.testing.assert_allclose(m.to_numpy(), m1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(v.to_numpy(), v1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(loss[None], np.sum(m1 * W) + np.sum(v1 * U), rtol=1e-5)
+    dx = 2 * W[0, 1] + 2 * x0 * W[1, 0] + np.cos(x0) * W[1, 1] + 3 * U[2] + 3 * x0 ** 2 * U[0]
+    assert_grad(x.grad.to_numpy(), dx)
+    dm = np.broadcast_to(W, (n, 2, 2)).copy()
+    dm[:, 0, 1] = dm[:, 1, 0] = 0.0  # overwritten: the initial values do not reach the loss
+    assert_grad(m.grad.to_numpy(), dm)
+    dv = np.broadcast_to(U, (n, 3)).copy()
+    dv[:, 2] = 0.0
+    assert_grad(v.grad.to_numpy(), dv)
