@@ -517,3 +517,77 @@ def test_assignment_to_components_of_field_elements_with_gradients():
     dv = np.broadcast_to(U, (n, 3)).copy()
     dv[:, 2] = 0.0
     assert_grad(v.grad.to_numpy(), dv)
+
+
+# ---- @ti.data_oriented classes --------------------------------------------------------------------
+@ti.data_oriented
+class SpringChain:
+    """Fields as members, @ti.func and @ti.kernel methods (Taichi's data-oriented style)."""
+
+    def __init__(self, n: int, rest: float):
+        self.n, self.rest = n, rest
+        self.x = ti.field(ti.f32, shape=n, needs_grad=True)
+        self.k = ti.field(ti.f32, shape=(), needs_grad=True)
+        self.energy = ti.field(ti.f32, shape=(), needs_grad=True)
+        self.scaled = ti.field(ti.f32, shape=n)
+
+    @ti.func
+    def stretch(self, i):
+        return self.x[i + 1] - self.x[i] - self.rest
+
+    @ti.func
+    def spring(self, i):
+        d = self.stretch(i)
+        return 0.5 * self.k[None] * d * d
+
+    @ti.kernel
+    def compute_energy(self):
+        for i in range(self.n - 1):
+            self.energy[None] += self.spring(i)
+
+    @ti.kernel
+    def scale(self, s: ti.f32, out: ti.template()):
+        for i in self.x:
+            out[i] = self.x[i] * s
+
+
+def _chain_energy(x, k, rest):
+    d = np.diff(x) - rest
+    return 0.5 * k * float(np.sum(d * d))
+
+
+def test_data_oriented_kernels_and_funcs_with_gradients_through_a_tape():
+    rng = np.random.default_rng(5)
+    a, b = SpringChain(5, 1.0), SpringChain(3, 0.5)  # two objects: their own fields and kernels
+    xa = f32(np.arange(5) * 1.1 + rng.uniform(-0.1, 0.1, 5)).astype(np.float64)
+    xb = f32(np.array([0.0, 0.7, 1.1])).astype(np.float64)
+    a.x.from_numpy(f32(xa))
+    b.x.from_numpy(f32(xb))
+    a.k[None], b.k[None] = 2.0, 3.0
+    for chain, x0, k in ((a, xa, 2.0), (b, xb, 3.0), (a, xa, 2.0)):
+        with ti.ad.Tape(chain.energy):
+            chain.compute_energy()
+        np.testing.assert_allclose(chain.energy[None], _chain_energy(x0, k, chain.rest), rtol=1e-5)
+        assert_grad(chain.x.grad.to_numpy(), central_diff(lambda v: _chain_energy(v, k, chain.rest), x0))
+        np.testing.assert_allclose(chain.k.grad[None], _chain_energy(x0, 1.0, chain.rest), rtol=1e-4)
+    a.scale(2.0, a.scaled)
+    a.scale(s=3.0, out=b.x)
+    np.testing.assert_allclose(a.scaled.to_numpy(), 2 * xa, rtol=1e-6)
+    np.testing.assert_allclose(b.x.to_numpy()[:3], 3 * xa[:3], rtol=1e-6)
+
+
+def test_data_oriented_kernel_grad_by_hand_and_as_a_template_argument():
+    c = SpringChain(4, 1.0)
+    x0 = np.array([0.0, 1.2, 1.9, 3.3])
+    c.x.from_numpy(f32(x0))
+    c.k[None] = 1.5
+    c.compute_energy()
+    c.energy.grad[None] = 1.0
+    c.compute_energy.grad()
+    assert_grad(c.x.grad.to_numpy(), central_diff(lambda v: _chain_energy(v, 1.5, 1.0), x0))
+
+    @ti.kernel
+    def first_stretch(chain: ti.template()) -> ti.f32:
+        return chain.stretch(0)
+
+    np.testing.assert_allclose(first_stretch(c), 0.2, rtol=1e-5)

@@ -48,6 +48,8 @@ def inlinable(obj):
     function or lambda (not one of the standard library's, a numeric library's or wgpu_ad's), or
     None. The same function always gives the same PlainFunc (its parse is kept; recursion is
     found by identity)."""
+    if isinstance(obj, types.MethodType):
+        return None  # bound: the caller passes __self__ and inlines __func__
     if getattr(obj, "_wgpu_ad_func", False):
         return obj
     if not isinstance(obj, types.FunctionType):

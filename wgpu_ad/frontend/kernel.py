@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import math
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,7 +127,7 @@ def _is_pure(fl_globals: dict, st: ast.stmt) -> bool:
         if isinstance(n, ast.Call):
             f = _resolve(fl_globals, n.func)
             if f is B.random or (isinstance(f, B.Builtin) and f.ref_first_arg) or \
-                    inlinable(f) is not None and not _func_is_pure(inlinable(f), set()):
+                    _callee(f) is not None and not _func_is_pure(_callee(f), set()):
                 return False
     return True
 
@@ -151,9 +152,14 @@ def _func_is_pure(f, seen: set) -> bool:
             c = _resolve(g, n.func)
             if c is B.random or (isinstance(c, B.Builtin) and c.ref_first_arg):
                 return False
-            if inlinable(c) is not None and not _func_is_pure(inlinable(c), seen):
+            if _callee(c) is not None and not _func_is_pure(_callee(c), seen):
                 return False
     return True
+
+
+def _callee(f):
+    """The function a kernel-scope call inlines, if any (a method's function, for obj.f(...))."""
+    return inlinable(f.__func__ if isinstance(f, types.MethodType) else f)
 
 
 def _resolve(g: dict, node):
@@ -221,19 +227,23 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
     serial: list[tuple[ast.stmt, dict]] = []
     tasks: list[Task] = []
 
+    # what kernel-scope statements name: the globals, closure and template arguments (a
+    # data-oriented self), for telling calls with effects from pure ones (_is_pure)
+    names = {**static_globals(pf.fn), **{s.name: s.value for s in specs if s.kind == "template"}}
+
     def new_lowerer(env: dict) -> FuncLowerer:
         return FuncLowerer(k, pf, [env, {}], ReturnCtx("kernel"))
 
     def flush_serial():
         if not serial:
             return
-        if all(_is_pure(static_globals(pf.fn), st) for st, _ in serial):
+        if all(_is_pure(names, st) for st, _ in serial):
             serial.clear()  # only defines kernel-scope variables: recomputed where used
             return
         task = Task("serial", Block(), name=f"{name}_t{len(tasks)}")
         with k.builder.at(task.body):
             fl = new_lowerer(task_env({}))
-            n_pre = len(prelude) - sum(1 for st, _ in serial if _is_pure(fl.globals, st))
+            n_pre = len(prelude) - sum(1 for st, _ in serial if _is_pure(names, st))
             for entry in prelude[:max(n_pre, 0)]:
                 _replay(fl, entry, tasks)
             _forget_moved(fl, k)
@@ -242,7 +252,7 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
         tasks.append(task)
         for st, _ in serial:
             for n in ast.walk(st):
-                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and not _is_pure(fl.globals, st):
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and not _is_pure(names, st):
                     k.moved_names.setdefault(n.id, (
                         f"'{n.id}' was assigned at line {st.lineno + pf.line_offset} in a part of the kernel that "
                         f"runs as its own GPU pass (it writes fields or calls functions with effects), so later "
@@ -287,14 +297,14 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
                 flush_serial()
                 tasks.append(_range_task(k, new_lowerer, task_env, prelude, tasks, st, env, cfg))
                 continue
-            if _is_pure(probe.globals, st):
+            if _is_pure(names, st):
                 prelude.append((st, env, len(tasks)))
             serial.append((st, env))
         return
 
     process(pf.tree.body, {})
     # trailing pure statements with no effects need no task of their own
-    if serial and all(_is_pure(new_lowerer({}).globals, st) for st, _ in serial):
+    if serial and all(_is_pure(names, st) for st, _ in serial):
         serial.clear()
     flush_serial()
     kern = k.kernel
