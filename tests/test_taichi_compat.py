@@ -591,3 +591,113 @@ def test_data_oriented_kernel_grad_by_hand_and_as_a_template_argument():
         return chain.stretch(0)
 
     np.testing.assert_allclose(first_stretch(c), 0.2, rtol=1e-5)
+
+
+# ---- ti.svd and ti.polar_decompose, differentiable ---------------------------------------------
+def _svd_ref(a):
+    """float64 SVD in Taichi's convention: U, V rotations, S sorted, its last entry signed."""
+    u, s, vt = np.linalg.svd(a)
+    v, s = vt.T.copy(), s.copy()
+    if np.linalg.det(u) < 0:
+        u[:, -1] *= -1
+        s[-1] *= -1
+    if np.linalg.det(v) < 0:
+        v[:, -1] *= -1
+        s[-1] *= -1
+    return u, s, v
+
+
+def _polar_ref(a):
+    u, s, v = _svd_ref(a)
+    return u @ v.T, v @ np.diag(s) @ v.T
+
+
+def _well_conditioned(rng, n, count, det_sign):
+    """Random n x n matrices with singular values >= 0.3 at least 0.15 apart, det of the sign."""
+    out = []
+    while len(out) < count:
+        a = rng.uniform(-1.2, 1.2, (n, n))
+        s = np.linalg.svd(a, compute_uv=False)
+        if s[-1] >= 0.3 and np.min(-np.diff(s)) >= 0.15 and np.sign(np.linalg.det(a)) == det_sign:
+            out.append(a)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_svd_and_polar_decompose_values_and_gradients(n):
+    """Values against NumPy in Taichi's conventions; the gradient of a loss touching every output
+    (sign-invariant: a column pair of U and V may flip together) against float64 central
+    differences, on matrices with positive and negative determinants. Two more matrices, I and
+    1.5 I (every simulation's first step), have coinciding singular values: U and V have no
+    derivative there, but R and P do (dR = skew(dF) / 1.5 and dP = sym(dF) at 1.5 I), so only the
+    polar terms count for them, against that closed form."""
+    rng = np.random.default_rng(10 + n)
+    general = np.concatenate([_well_conditioned(rng, n, 3, 1.0), _well_conditioned(rng, n, 2, -1.0)])
+    a0 = f32(np.concatenate([general, [np.eye(n), 1.5 * np.eye(n)]])).astype(np.float64)
+    m, n_general = len(a0), len(general)
+    w, c = rng.uniform(-1, 1, n), rng.uniform(-1, 1, n)
+    W, M, N, Q, T = (rng.uniform(-1, 1, (n, n)) for _ in range(5))
+    A = ti.Matrix.field(n, n, ti.f32, shape=m, needs_grad=True)
+    out = {k: ti.Matrix.field(n, n, ti.f32, shape=m) for k in "USVRP"}
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    wv, cv = ti.Vector(w), ti.Vector(c)
+    Wm, Mm, Nm, Qm, Tm = (ti.Matrix(x) for x in (W, M, N, Q, T))
+
+    @ti.kernel
+    def run():
+        for i in A:
+            U, S, V = ti.svd(A[i])
+            R, P = ti.polar_decompose(A[i])
+            out["U"][i], out["S"][i], out["V"][i], out["R"][i], out["P"][i] = U, S, V, R, P
+            for j, k in ti.static(ti.ndrange(n, n)):
+                loss[None] += R[j, k] * Qm[j, k] + P[j, k] * Tm[j, k]
+            if i < n_general:
+                C = ti.Matrix.zero(ti.f32, n, n)
+                for k in ti.static(range(n)):
+                    C[k, k] = cv[k]
+                    loss[None] += wv[k] * S[k, k]
+                UCV = U @ C @ V.transpose()
+                for j, k in ti.static(ti.ndrange(n, n)):
+                    loss[None] += UCV[j, k] * Wm[j, k] + U[j, k] ** 2 * Mm[j, k] + V[j, k] ** 2 * Nm[j, k]
+
+    def ref_loss(a):
+        u, s, v = _svd_ref(a)
+        r, p = _polar_ref(a)
+        return (w @ s + np.sum(W * (u @ np.diag(c) @ v.T)) + np.sum(M * u * u) + np.sum(N * v * v)
+                + np.sum(Q * r) + np.sum(T * p))
+
+    A.from_numpy(f32(a0))
+    with ti.ad.Tape(loss):
+        run()
+    U, S, V, R, P = (out[k].to_numpy().astype(np.float64) for k in "USVRP")
+    for i in range(m):
+        u, s, v = _svd_ref(a0[i])
+        np.testing.assert_allclose(np.diag(S[i]), s, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(S[i] - np.diag(np.diag(S[i])), 0, atol=0)
+        if i < n_general:
+            np.testing.assert_allclose(np.abs(np.sum(U[i] * u, 0)), 1, atol=1e-5)  # columns up to sign
+        np.testing.assert_allclose(U[i] @ S[i] @ V[i].T, a0[i], atol=2e-6)
+        assert abs(np.linalg.det(U[i]) - 1) < 1e-5 and abs(np.linalg.det(V[i]) - 1) < 1e-5
+        r, p = _polar_ref(a0[i])
+        np.testing.assert_allclose(R[i], r, atol=2e-6)
+        np.testing.assert_allclose(P[i], p, atol=2e-6)
+    want = sum(ref_loss(a) for a in general) + sum(np.sum(Q * np.eye(n)) + np.sum(T * k * np.eye(n)) for k in (1, 1.5))
+    np.testing.assert_allclose(loss[None], want, rtol=1e-5)
+    g = A.grad.to_numpy()
+    assert_grad(g[:n_general], np.array([central_diff(ref_loss, a) for a in general]), rtol=2e-4)
+    skew, sym = (Q - Q.T) / 2, (T + T.T) / 2
+    assert_grad(g[n_general], skew + sym)
+    assert_grad(g[n_general + 1], skew / 1.5 + sym)
+
+
+def test_svd_of_an_unsupported_shape_is_refused():
+    m = ti.Matrix.field(4, 4, ti.f32, shape=1)
+
+    @ti.kernel
+    def k():
+        for i in m:
+            U, S, V = ti.svd(m[i])
+            m[i] = S
+
+    with pytest.raises(ti.TaichiCompilationError, match=r"ti.svd\(\) takes a 2x2 or 3x3 matrix, got 4x4"):
+        k()
