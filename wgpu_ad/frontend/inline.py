@@ -63,6 +63,10 @@ def inlinable(obj):
     return f
 
 
+def _user_code(fl) -> bool:
+    return module_root(fl.pf.fn) != "wgpu_ad"
+
+
 def _return_kind(tree: ast.FunctionDef) -> str:
     rets = [n for n in ast.walk(tree) if isinstance(n, ast.Return)]
     if not rets:
@@ -121,6 +125,10 @@ def inline_func(fl, func, args: list, kwargs: dict, node: ast.Call):
     fl.k.call_stack.append(func)
     try:
         sub.lower_body(pf.tree.body)
+    except CompileError as e:
+        if module_root(pf.fn) != "wgpu_ad" or not _user_code(fl):
+            raise
+        raise fl.error(node, e.msg, type(e)) from None  # wgpu_ad's own funcs (ti.svd): the user's call
     finally:
         fl.k.call_stack.pop()
     if sub_ret.kind == "tail":
