@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import ast
-import sys
+import os
+import sysconfig
 import types
 import weakref
 
@@ -39,6 +40,15 @@ class PlainFunc:
 _plain: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # function -> its PlainFunc
 
 
+_STDLIB = tuple(os.path.normcase(os.path.realpath(sysconfig.get_paths()[k])) + os.sep for k in ("stdlib", "platstdlib"))
+
+
+def _in_stdlib(filename: str) -> bool:
+    """A file of Python's standard library (a user's module named like one, test.py, is not)."""
+    f = os.path.normcase(os.path.realpath(filename))
+    return f.startswith(_STDLIB) and "-packages" + os.sep not in f
+
+
 def module_root(obj) -> str:
     return (getattr(obj, "__module__", None) or "").split(".")[0]
 
@@ -55,7 +65,7 @@ def inlinable(obj):
     if not isinstance(obj, types.FunctionType):
         return None
     root = module_root(obj)
-    if root in NUMERIC_MODULES or root == "wgpu_ad" or root in sys.stdlib_module_names:
+    if root in NUMERIC_MODULES or root == "wgpu_ad" or _in_stdlib(obj.__code__.co_filename):
         return None
     f = _plain.get(obj)
     if f is None:
