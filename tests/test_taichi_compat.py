@@ -546,6 +546,10 @@ class SpringChain:
             self.energy[None] += self.spring(i)
 
     @ti.kernel
+    def ends(self: ti.template()) -> ti.f32:  # self annotated: bound all the same
+        return self.x[self.n - 1] - self.x[0]
+
+    @ti.kernel
     def scale(self, s: ti.f32, out: ti.template()):
         for i in self.x:
             out[i] = self.x[i] * s
@@ -591,6 +595,8 @@ def test_data_oriented_kernel_grad_by_hand_and_as_a_template_argument():
         return chain.stretch(0)
 
     np.testing.assert_allclose(first_stretch(c), 0.2, rtol=1e-5)
+    np.testing.assert_allclose(c.ends(), 3.3, rtol=1e-6)
+    assert SpringChain.ends(c) == c.ends()  # through the class, self passed by hand
 
 
 # ---- ti.svd and ti.polar_decompose, differentiable ---------------------------------------------

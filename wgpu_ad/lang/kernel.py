@@ -116,7 +116,10 @@ class Kernel:
         self.sig = inspect.signature(fn)
         self.params = list(self.sig.parameters.values())
         self.anns = [_annotation(fn, p) for p in self.params]
-        if _is_method(fn, self.params):  # a @ti.data_oriented class's kernel: self is a template
+        # defined in a class body (a @ti.data_oriented class): obj.kernel(...) passes obj as the
+        # first argument, a template unless annotated otherwise
+        self._method = _in_class_body(fn) and bool(self.params)
+        if self._method and self.anns[0] is inspect.Parameter.empty:
             self.anns[0] = Template()
         for p, a in zip(self.params, self.anns):
             if a is inspect.Parameter.empty:
@@ -142,7 +145,7 @@ class Kernel:
 
     def __get__(self, obj, objtype=None):
         """obj.kernel(...) on a @ti.data_oriented object: the kernel with obj as self."""
-        return self if obj is None else BoundKernel(self, obj)
+        return self if obj is None or not self._method else BoundKernel(self, obj)
 
     def _has_external(self, args) -> bool:
         """Whether a NumPy array or a torch tensor is passed for an ndarray argument."""
@@ -488,11 +491,9 @@ class BoundKernel:
         return f"<bound wgpu_ad kernel {self.__name__} of {self.obj!r}>"
 
 
-def _is_method(fn: Callable, params: list) -> bool:
-    """A function defined in a class body whose first parameter has no annotation (self)."""
+def _in_class_body(fn: Callable) -> bool:
     parts = fn.__qualname__.split(".")
-    return (len(parts) >= 2 and parts[-2] != "<locals>" and bool(params)
-            and params[0].annotation is inspect.Parameter.empty)
+    return len(parts) >= 2 and parts[-2] != "<locals>"
 
 
 def data_oriented(cls):
