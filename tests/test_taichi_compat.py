@@ -710,3 +710,28 @@ def test_svd_of_an_unsupported_shape_is_refused():
     lines = str(e.value).splitlines()
     assert lines[0] == "ti.svd() takes a 2x2 or 3x3 matrix, got 4x4"
     assert lines[1].startswith(f'  File "{__file__}"') and lines[2].strip() == "U, S, V = ti.svd(m[i])"
+
+
+def test_a_gradient_taken_before_it_has_storage_is_the_one_that_gets_it():
+    """x.grad held in a variable before lazy_grad() / placement is the field the gradient lives in."""
+    x = ti.field(ti.f32, shape=3, name="x")
+    gx = x.grad
+    ti.root.lazy_grad()
+    y = ti.field(ti.f32, name="y")
+    gy = y.grad
+    ti.root.dense(ti.i, 2).place(y)  # lazy_grad() is on: y gets its gradient at placement
+    loss = ti.field(ti.f32, shape=(), name="loss")
+
+    @ti.kernel
+    def k():
+        for i in x:
+            loss[None] += x[i] * x[i]
+        for j in y:
+            loss[None] += 3.0 * y[j]
+
+    x.from_numpy(np.array([1.0, -2.0, 0.5], np.float32))
+    with ti.ad.Tape(loss):
+        k()
+    assert x.grad is gx and y.grad is gy
+    np.testing.assert_allclose(gx.to_numpy(), [2.0, -4.0, 1.0])
+    np.testing.assert_allclose(gy.to_numpy(), [3.0, 3.0])
