@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import WgpuAdError
+from ..runtime.device import get_runtime
 from . import state as ad_state
 
 SCHEDULES = ("revolve", "bisect", "sqrt", "store_all")
@@ -136,7 +137,12 @@ class _Run:
         self.final = self._copy()
 
     def grad(self) -> None:
-        """The backward pass (the tape calls it in reverse order with the other entries)."""
+        """The backward pass (the tape calls it in reverse order with the other entries). The
+        steps run again here print nothing: their lines were printed by the forward pass."""
+        with get_runtime().mute_prints():
+            self._grad()
+
+    def _grad(self) -> None:
         if self.steps:
             if self.schedule == "bisect":
                 self._bisect(0, self.steps, self.saved.pop(0))

@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import WgpuAdError
+from ..runtime.device import get_runtime
 from .naming import name_of
 
 EPS_F32 = float(np.finfo(np.float32).eps)
@@ -300,13 +301,14 @@ def run_check(start: Snapshot, loss, inputs: Sequence, replay: Callable[[], None
     inputs = [x for x in inputs if x is not loss]
     posts = [np.array(x.to_numpy(), copy=True) for x in inputs]
     fields = []
-    try:
-        for x, post in zip(inputs, posts):
-            start.restore()
-            fields.append(_check_field(x, post, loss, start, replay, eps, rtol, atol, max_elements, rng))
-    finally:
-        start.restore()  # leave the fields as one forward run leaves them
-        replay()
+    with get_runtime().mute_prints():  # the forward ran (and printed) once already
+        try:
+            for x, post in zip(inputs, posts):
+                start.restore()
+                fields.append(_check_field(x, post, loss, start, replay, eps, rtol, atol, max_elements, rng))
+        finally:
+            start.restore()  # leave the fields as one forward run leaves them
+            replay()
     report = GradCheckReport(fields, rtol)
     if raise_on_fail and not report.ok:
         raise GradCheckError(_failure_message(report), report)

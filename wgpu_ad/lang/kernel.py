@@ -134,6 +134,12 @@ class Kernel:
         self._read_versions: dict = {}  # ids of the storages a launch read -> [(weakref, version)]
         self._snaps: dict = {}  # ids of fields updated in place -> stack of their pre-launch copies
         self._spare: dict = {}  # (dtype, shape, element shape) -> copies an adjoint launch has used
+        # scratch buffers (plan.Scratch) per forward Launcher id: one set for launches no tape
+        # records, a stack of per-launch sets for taped ones, the set of the latest launch, spares
+        self._scratch_own: dict = {}
+        self._scratch_taped: dict = {}
+        self._scratch_last: dict = {}
+        self._scratch_spare: dict = {}
         self._last = None  # (epoch, compiled, specs) when every argument is a plain scalar
         self._scalar_only = all(not isinstance(a, (Template, NdarrayType, VectorType, MatrixType))
                                 and a not in (Template, NdarrayType) for a in self.anns)
@@ -237,12 +243,66 @@ class Kernel:
             if tape.defer(self, lc, args, rt):
                 self._note_versions(lc, args)
                 return None  # launched before anything else reaches the device, or fused with its adjoint
+        taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
         if lc.snapshots:
-            self._keep_snapshots(lc, args, tape is not None and tape.recording and not ad.in_backward
-                                 and tape.keep_copies)
-        ret = launch(lc, args, rt)
+            self._keep_snapshots(lc, args, taped)
+        ret = launch(lc, args + self._scratch(lc, taped), rt)
         self._note_versions(lc, args)
         return ret
+
+    def _scratch(self, lc, taped: bool) -> tuple:
+        """The scratch buffers of a forward launch (plan.Scratch: the sums of kernel-scope variables
+        reduced across a parallel loop): fresh ones per launch a tape records (each adjoint reads
+        its own launch's sums), else the same set again."""
+        if not lc.plan.scratch:
+            return ()
+        key = id(lc)
+        if taped:
+            spare = self._scratch_spare.get(key)
+            objs = spare.pop() if spare else self._new_scratch(lc)
+            self._scratch_taped.setdefault(key, []).append(objs)
+        else:
+            objs = self._scratch_own.get(key)
+            if objs is None:
+                objs = self._scratch_own[key] = self._new_scratch(lc)
+        self._scratch_last[key] = objs
+        return objs
+
+    def _new_scratch(self, lc) -> tuple:
+        out = []
+        for src in lc.plan.scratch:
+            arr = Ndarray(to_dtype(src.dtype), (), (src.count,) if src.count > 1 else (), name=f"{self.__name__}.sum")
+            if src.dtype in ("f32", "f16"):
+                arr._attach_grad()
+            out.append(arr)
+        return tuple(out)
+
+    def _scratch_for_grad(self, lc, in_backward: bool) -> tuple:
+        """The scratch buffers an adjoint reads: its own launch's in a tape's backward pass, else
+        those of the latest forward launch; their gradients zeroed."""
+        if not lc.plan.scratch:
+            return ()
+        key = id(lc)
+        stack = self._scratch_taped.get(key)
+        if in_backward and stack:
+            objs = stack.pop()
+        else:
+            objs = self._scratch_last.get(key)
+            if objs is None:
+                raise WgpuAdError(
+                    f"{self.__name__}.grad(): kernel '{self.__name__}' sums a kernel-scope variable over a "
+                    f"parallel loop, and its gradient needs the sum of its forward launch: launch it before its "
+                    f".grad() (or inside ti.ad.Tape)")
+        for arr in objs:
+            if arr.grad is not None and not arr.grad.all_zero:
+                arr.grad.fill(0)
+        return objs
+
+    def _recycle_scratch(self, lc, objs: tuple) -> None:
+        key = id(lc)
+        if objs and objs is not self._scratch_own.get(key) and objs is not self._scratch_last.get(key) \
+                and not any(objs is o for o in self._scratch_taped.get(key, ())):
+            self._scratch_spare.setdefault(key, []).append(objs)
 
     def _keep_snapshots(self, lc, args, taped: bool) -> None:
         """Before a forward launch that updates fields in place (passes/autodiff/promote.py):
@@ -317,11 +377,11 @@ class Kernel:
             tape.record(self, args)  # the host arrays: the backward pass copies them in again
         dev, bound = EXTERNALS.to_device(self, args, self._ndarrays, with_grads=False)
         lc, _specs, rt = self._get(dev)
+        ad = _ad_state or _ad()
+        taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
         if lc.snapshots:
-            ad = _ad_state or _ad()
-            self._keep_snapshots(lc, dev, tape is not None and tape.recording and not ad.in_backward
-                                 and tape.keep_copies)
-        ret = launch(lc, dev, rt)
+            self._keep_snapshots(lc, dev, taped)
+        ret = launch(lc, dev + self._scratch(lc, taped), rt)
         Externals.to_host(bound, lc.ck, grads=False)
         return ret
 
@@ -432,9 +492,12 @@ class _GradLauncher:
         if k._ndarrays and k._has_external(args):
             dev, bound = EXTERNALS.to_device(k, args, k._ndarrays, with_grads=True)
             g, _specs, rt = k._get_grad(dev, launching=True)
-            snaps = k._pop_snapshots(k._get(dev)[0], dev)
-            ret = launch(g, dev + snaps, rt)
+            fwd = k._get(dev)[0]
+            snaps = k._pop_snapshots(fwd, dev)
+            scratch = k._scratch_for_grad(fwd, (_ad_state or _ad()).in_backward)
+            ret = launch(g, dev + snaps + scratch, rt)
             k._recycle(snaps)
+            k._recycle_scratch(fwd, scratch)
             read = {a.source.arg for a in k._get(dev)[0].plan.accesses
                     if a.kind == "load" and isinstance(a.source, plan.Arg)}
             Externals.to_host(bound, g.ck, grads=True, inputs=read)
@@ -444,8 +507,10 @@ class _GradLauncher:
             k._check_versions(fwd, args)
         g, _specs, rt = k._get_grad(args, launching=True)
         snaps = k._pop_snapshots(fwd, args)
-        ret = launch(g, args + snaps, rt)
+        scratch = k._scratch_for_grad(fwd, (_ad_state or _ad()).in_backward)
+        ret = launch(g, args + snaps + scratch, rt)
         k._recycle(snaps)
+        k._recycle_scratch(fwd, scratch)
         return ret
 
 

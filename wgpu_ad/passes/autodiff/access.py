@@ -137,11 +137,21 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset())
                 if both_add or _safe_writes(w, w2, ld) or (
                         task_of[id(w)] == task_of[id(w2)] and _thread_apart(w, w2, loops, ld, ranges)):
                     continue
+                if task_of[id(w)] < task_of[id(w2)] and _store_or_add(w) and _store_or_add(w2):
+                    # a later dispatch writes it again (`s[None] = 0` then `s[None] += x[i]`): the
+                    # adjoint runs the later one first, and a store's adjoint zeroes the gradient,
+                    # so each value gets the gradient of what it became; reads of the first value
+                    # in between were checked above
+                    continue
                 if _same_element(w, w2, ld) and task_of[id(w)] == task_of[id(w2)]:
                     # the same thread and iteration writes it twice (or in two branches): the
                     # adjoint walks them in reverse and zeroes the gradient after each store
                     continue
                 _refuse_overwrite(kernel, w, w2)
+
+
+def _store_or_add(w: Stmt) -> bool:
+    return w.op is Op.GLOBAL_STORE or w.attr[0] in (AtomicKind.ADD, AtomicKind.SUB)
 
 
 def _enclosing_loops(kernel: Kernel) -> dict[int, list]:

@@ -160,8 +160,8 @@ class AdjointEmitter:
                 self.stacks[id(s)] = []  # nothing to record: its reverse loop does its writes
                 self.effects_in_reverse.add(id(s))
                 continue
-            if op in (Op.GLOBAL_STORE, Op.ATOMIC, Op.RETURN, Op.ASSERT):
-                continue  # the replay only recomputes values
+            if op in (Op.GLOBAL_STORE, Op.ATOMIC, Op.RETURN, Op.ASSERT, Op.PRINT):
+                continue  # the replay only recomputes values (the forward launch printed the lines)
             if op is Op.BREAK and self.loop_kinds and self.loop_kinds[-1] == "reverse":
                 continue  # a replayed iteration must not leave the reverse loop
             if op is Op.IF:
