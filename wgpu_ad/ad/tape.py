@@ -101,18 +101,20 @@ class TapeEntry:
 class Tape:
     """Reverse-mode autodiff over the kernel launches in a `with` block (Taichi's ti.ad.Tape).
 
-    loss: a 0-d float field with a gradient (needs_grad=True or ti.root.lazy_grad()). It is set to
-        0 when the tape is entered; on exit its gradient is set to 1 and the recorded kernels'
-        gradients run in reverse order. With loss=None nothing runs on exit: seed the outputs'
-        .grad yourself and call tape.grad().
-    clear_gradients: zero every gradient when the tape is entered (Taichi's behaviour).
-    validation: check, before the backward pass, Taichi's global data access rules across the
-        kernels of the tape (nothing read is overwritten later; a written element is only
-        accumulated into afterwards): breaking them gives silently wrong gradients. Costs a copy
-        of the fields each kernel touches (see validate.py).
-    grad_check: fields (or ndarrays) whose gradients are checked against central differences
-        after the backward pass, by replaying the recorded launches; raises GradCheckError naming
-        the worst element when they disagree. Python-scope writes inside the block are not replayed.
+    Args:
+        loss: a 0-d float field with a gradient (needs_grad=True or ti.root.lazy_grad()). It is
+            set to 0 when the tape is entered; on exit its gradient is set to 1 and the recorded
+            kernels' gradients run in reverse order. With loss=None nothing runs on exit: seed the
+            outputs' .grad yourself and call tape.grad().
+        clear_gradients: zero every gradient when the tape is entered (Taichi's behaviour).
+        validation: check, before the backward pass, Taichi's global data access rules across
+            the kernels of the tape (nothing read is overwritten later; a written element is only
+            accumulated into afterwards): breaking them gives silently wrong gradients. Costs a
+            copy of the fields each kernel touches (see validate.py).
+        grad_check: fields (or ndarrays) whose gradients are checked against central differences
+            after the backward pass, by replaying the recorded launches; raises GradCheckError
+            naming the worst element when they disagree. Python-scope writes inside the block are
+            not replayed.
     """
 
     def __init__(self, loss=None, clear_gradients: bool = True, validation: bool = False,

@@ -19,6 +19,9 @@ DEFAULT_STACK_SIZE = 256  # loops bounded by constants or arguments are sized ex
 
 @dataclass(frozen=True)
 class CompileOptions:
+    """Every knob that changes the generated code, part of every cache key: read them with
+    ti.compile_options(), change them with ti.set_compile_options(name=value, ...)."""
+
     debug: bool = False                 # keep asserts (index checks), verify the IR between passes
     float_atomics: bool = False         # WGSL atomic<f32> add (the 'shader-float32-atomic' feature)
     subgroups: bool = False             # WGSL subgroup operations (aggregated atomic adds)

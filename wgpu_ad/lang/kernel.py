@@ -43,6 +43,8 @@ class Template:
 
 
 def template() -> Template:
+    """`ti.template()`: a kernel argument compiled in (a field, or a Python value); the kernel is
+    compiled again for each new value."""
     return Template()
 
 
@@ -87,6 +89,8 @@ class Func:
 
 
 def func(fn: Callable) -> Func:
+    """`@ti.func`: a function callable from kernels and other funcs, inlined where it is called
+    (arguments by value, `return` anywhere); differentiated as part of the calling kernel."""
     return Func(fn)
 
 
@@ -473,9 +477,11 @@ class Kernel:
         return format_kernel(self._get_grad(args)[0].ir)
 
     def print_ir(self, *args) -> None:
+        """Print get_ir(*args)."""
         print(self.get_ir(*args))
 
     def print_wgsl(self, *args) -> None:
+        """Print get_wgsl(*args)."""
         print(self.get_wgsl(*args))
 
 
@@ -571,6 +577,10 @@ def data_oriented(cls):
 
 
 def kernel(fn: Callable) -> Kernel:
+    """`@ti.kernel`: compile `fn` to WGSL compute shaders on its first call. The outermost `for`
+    loop runs in parallel; arguments are annotated (`ti.f32`, `ti.i32`, `ti.template()`,
+    `ti.types.ndarray()`, `ti.types.vector(n, dtype)`), and so is a scalar return value. The
+    result is a `Kernel`, whose `.grad` is the generated adjoint."""
     return Kernel(fn)
 
 
