@@ -27,8 +27,9 @@ from .matrix import Matrix, Vector
 
 _TINY = 1e-30       # below any squared float32 quantity that matters; keeps sqrt and 1/x finite
 # Sweeps and steps run as serial loops, not unrolled: the IR stays a few hundred statements, and a
-# kernel calling ti.svd and ti.polar_decompose on 3x3 matrices compiles with its adjoint in 7 s
-# instead of 16 s on lavapipe (reverse mode keeps the loops' matrices on its per-loop stack)
+# kernel calling ti.svd and ti.polar_decompose on 3x3 matrices compiles with its adjoint in 5-8 s
+# instead of 8-13 s (lavapipe, 2 busy cores, no shader cache); reverse mode keeps the loops'
+# matrices on its per-loop stack
 _JACOBI_SWEEPS = 5  # one-sided Jacobi sweeps of the 3x3 SVD (4 converge in float32, see above)
 _NEWTON_STEPS = 6   # scaled Newton steps of the 3x3 polar decomposition (5 converge, see above)
 
