@@ -735,3 +735,35 @@ def test_a_gradient_taken_before_it_has_storage_is_the_one_that_gets_it():
     assert x.grad is gx and y.grad is gy
     np.testing.assert_allclose(gx.to_numpy(), [2.0, -4.0, 1.0])
     np.testing.assert_allclose(gy.to_numpy(), [3.0, 3.0])
+
+
+def test_python_only_helpers_on_compile_time_values_run_in_python():
+    """A helper using what kernels lack (a comprehension, a dict) called on compile-time values
+    runs in Python, as in Taichi (ti.static(offsets(2))); a helper kernels can run is inlined
+    even without arguments, so a field it reads is read when the kernel runs."""
+    x = ti.field(ti.f32, shape=4)
+    w = ti.field(ti.f32, shape=())
+
+    def offsets(k):
+        return tuple(i * k for i in range(3))
+
+    def lookup(name):
+        return {"half": 0.5, "twice": 2.0}[name]
+
+    def weight():
+        return w[None]
+
+    @ti.kernel
+    def k():
+        for i in x:
+            acc = 0.0
+            for o in ti.static(offsets(2)):
+                acc += o
+            x[i] = acc * lookup("half") + weight()
+
+    w[None] = 1.0
+    k()
+    np.testing.assert_array_equal(x.to_numpy(), np.full(4, 4.0))
+    w[None] = 3.0
+    k()
+    np.testing.assert_array_equal(x.to_numpy(), np.full(4, 6.0))

@@ -36,6 +36,23 @@ class PlainFunc:
             self._parsed = ParsedFunc.parse(self.fn)
         return self._parsed
 
+    def python_only(self) -> bool:
+        """Whether the body uses what kernels do not support (comprehensions, try, dicts ...) or
+        its source cannot be read: called on compile-time values, such a function runs in Python
+        (ti.static(helper(3)), as Taichi would run it); any other is inlined, so the fields it
+        reads are read when the kernel runs."""
+        try:
+            tree = self.parsed().tree
+        except WgpuAdError:
+            return True
+        return any(isinstance(n, _PYTHON_ONLY) or (isinstance(n, ast.FunctionDef) and n is not tree)
+                   for n in ast.walk(tree))
+
+
+_PYTHON_ONLY = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Try, ast.With, ast.Lambda,
+                ast.Yield, ast.YieldFrom, ast.Global, ast.Nonlocal, ast.Import, ast.ImportFrom, ast.Dict,
+                ast.Set, ast.Raise, ast.ClassDef, ast.Delete, ast.Await, ast.AsyncFunctionDef)
+
 
 _plain: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # function -> its PlainFunc
 

@@ -11,7 +11,7 @@ from ..ir.nodes import Stmt
 from ..ir.ops import Op
 from ..types import DType, MatrixType, VectorType, f32, i32, to_dtype, u1
 from . import builtins as B
-from .inline import NUMERIC_MODULES, inline_func, inlinable, module_root
+from .inline import NUMERIC_MODULES, PlainFunc, inline_func, inlinable, module_root
 from .printing import lower_print
 from .refs import (GlobalRef, LocalRef, Ref, bounds_assert, component_ref, linear_index,
                    swizzle_ref)
@@ -243,16 +243,17 @@ def lower_call(fl, node: ast.Call):
             return callee.lower(o, *args, **kwargs)
         except TypeError as e:
             raise fl.error(node, f"bad arguments to ti.{callee.name}(): {e}") from None
-    func = inlinable(callee)
+    func, first = inlinable(callee), []
     bound = callee if isinstance(callee, types.MethodType) else getattr(callee, "__call__", None)
     if func is None and isinstance(bound, types.MethodType) and not isinstance(callee, type):
         func = inlinable(bound.__func__)  # obj.method(...) or a callable object: self comes first
-        if func is not None:
-            args, kwargs = _args(fl, node)
-            return inline_func(fl, func, [bound.__self__] + args, kwargs, node)
+        first = [bound.__self__]
     if func is not None:
         args, kwargs = _args(fl, node)
-        return inline_func(fl, func, args, kwargs, node)
+        if isinstance(func, PlainFunc) and all(is_static(a) for a in args) and \
+                all(is_static(v) for v in kwargs.values()) and func.python_only():
+            return callee(*args, **kwargs)  # Python-only code on compile-time values: run it
+        return inline_func(fl, func, first + args, kwargs, node)
     if getattr(callee, "_wgpu_ad_kernel", False):
         raise fl.error(node, "a kernel cannot call another kernel; decorate the callee with @ti.func instead")
     if isinstance(callee, (VectorType, MatrixType)):
