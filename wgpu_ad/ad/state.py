@@ -8,6 +8,7 @@ from __future__ import annotations
 
 current_tape = None   # the ti.ad.Tape inside whose `with` block we are, or None
 in_backward = False   # True while a tape runs gradient functions: their launches are not recorded
+check_nan = False     # True while a ti.ad.Tape(check_nan=True) runs them: adjoints check their gradients
 
 
 def on_launch(kernel, args: tuple) -> None:

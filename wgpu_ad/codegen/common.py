@@ -9,6 +9,7 @@ from .. import shaders
 from ..errors import CompileError
 from ..ir.nodes import Buffer, Kernel, Stmt, Task, walk_task
 from ..ir.ops import AtomicKind, Op
+from ..nan_check import GradCheck
 from .names import identifiers
 from ..types import f32, i32, u32
 from .ops_table import ALU, MATH_HELPERS
@@ -75,6 +76,12 @@ class BufferUse:
             return "atomic" if native else "cas"
         raise CompileError(f"atomic operations on {buf.dtype} buffer {buf.name!r} are not supported "
                            f"(only f32, i32 and u32)")
+
+
+def kept_assert(s: Stmt, debug: bool) -> bool:
+    """Whether an ASSERT is compiled: the user's and the index checks in debug mode, the gradient
+    checks of check_nan (nan_check.GradCheck, only in adjoints compiled with it) always."""
+    return debug or isinstance(s.attr, GradCheck)
 
 
 def _fail(s: Stmt, why: str):

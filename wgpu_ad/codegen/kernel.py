@@ -9,18 +9,20 @@ from ..runtime.compiled import CompiledKernel, CompiledTask
 from ..types import f16, u32
 from .ops_table import word_dtype
 from .plan import stack_words, task_plan, words_of
-from .common import DEFAULT_GRID_CAP, Options, arg_words
+from ..nan_check import GradCheck
+from .common import DEFAULT_GRID_CAP, Options, arg_words, kept_assert
 from .wgsl import TaskEmitter
 
 
 def _assert_codes(kernel: Kernel, debug: bool) -> tuple[dict[int, int], list[tuple[str, list]], list[str]]:
-    """Error codes: ASSERTs (debug mode only) and autodiff stack overflows (always), with their kinds."""
+    """Error codes: ASSERTs (debug mode only; the gradient checks of check_nan always) and autodiff
+    stack overflows (always), with their kinds."""
     codes, table, kinds = {}, [], []
     for t in kernel.tasks:
         for s in walk_task(t):
-            if s.op is Op.ASSERT and debug:
+            if s.op is Op.ASSERT and kept_assert(s, debug):
                 table.append((s.attr, [word_dtype(v.dtype) if v.dtype == f16 else v.dtype for v in s.args[1:]]))
-                kinds.append("assert")
+                kinds.append("nan" if isinstance(s.attr, GradCheck) else "assert")
                 codes[id(s)] = len(table)   # 1 + position; 0 means "no error"
             elif s.op is Op.STACK_PUSH:
                 cap = s.args[0].attr

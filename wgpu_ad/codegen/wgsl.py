@@ -16,7 +16,8 @@ from ..runtime.compiled import ERROR_WORDS, LOOP_LIMIT_WORD, BindingSpec
 from .. import shaders
 from ..types import DType, f16, f32, i32, u1, u32
 from .common import (ARGS_STRUCT, ARGS_VAR, ATOMIC_FN, CAS_COMBINE, ERR_VAR, INDENT, PRINT_VAR, RET_VAR, STACK_VAR,
-                     SUBGROUP_KINDS, BufferUse, Options, _arg_words, _fail, _fixed_names, _thread_uniform)
+                     SUBGROUP_KINDS, BufferUse, Options, _arg_words, _fail, _fixed_names, _thread_uniform,
+                     kept_assert)
 from .names import Namer, identifiers
 from .ops_table import ALU, MATH_HELPERS, convert, from_bits, literal, spell, to_bits, word_dtype, zero
 from .vectors import element_component, unused_addresses, vector_hint, vector_views
@@ -94,7 +95,7 @@ class TaskEmitter:
                 self.uses_random = self.uses_args = True
             elif s.op is Op.RETURN:
                 self.has_return = True
-            elif s.op is Op.ASSERT and self.opts.debug or s.op is Op.STACK_PUSH:
+            elif s.op is Op.ASSERT and kept_assert(s, self.opts.debug) or s.op is Op.STACK_PUSH:
                 self.has_assert = True  # stack overflow reports through the error buffer too
             elif s.op is Op.STACK_ALLOC:
                 self.stacks.append(s)
@@ -267,7 +268,7 @@ class TaskEmitter:
             self.line(d, f"{RET_VAR}[0] = {value};")
             self.line(d, "return;")
         elif op is Op.ASSERT:
-            if self.opts.debug:
+            if kept_assert(s, self.opts.debug):
                 self.assert_(s, d)
         elif op is Op.PRINT:
             self.print_(s, d)

@@ -137,15 +137,16 @@ def compile_adjoint(fwd: Compiled, grads: tuple, opts: CompileOptions, zero: tup
                     fused: bool = False) -> Compiled | None:
     """The adjoint of a compiled kernel; grads: grad_sources(). zero: positions of gradients
     known to be all zeros at launch (a zero-store variant, demote.py). fused: the forward and
-    the adjoint in one kernel (fuse.py), or None when the kernel cannot be fused."""
-    slot = fwd.slot.adjoint(grads, zero, fused) if fwd.slot is not None else None
+    the adjoint in one kernel (fuse.py), or None when the kernel cannot be fused. opts may differ
+    from the forward's in check_nan only (a tape's check_nan=True)."""
+    slot = fwd.slot.adjoint(grads, zero, fused, opts.check_nan) if fwd.slot is not None else None
     by_source = dict(zip(fwd.plan.buffers, grads))
     made: list = []
 
     def make_ir() -> Kernel:
         if not made:
             adj, info = reverse_kernel(fwd.ir, lambda b: by_source.get(b.source), opts.ad_stack_size, zero,
-                                       transpose=opts.min_parallel, fuse=fused)
+                                       transpose=opts.min_parallel, fuse=fused, check_nan=opts.check_nan)
             made.append((_optimize(adj, opts), info))
         return made[0]
     ck = slot.load() if slot is not None else None

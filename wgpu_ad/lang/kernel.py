@@ -2,6 +2,7 @@
 lang/launch.py's."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import types
 import weakref
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .. import plan
+from ..runtime import device as _device
 from ..compiler.options import current as _options
 from ..errors import CompileError, KernelArgError, WgpuAdError
 from ..types import MatrixType, VectorType, to_dtype
@@ -144,6 +146,7 @@ class Kernel:
         self._scratch_taped: dict = {}
         self._scratch_last: dict = {}
         self._scratch_spare: dict = {}
+        self._pool_generation = None  # the runtime generation the copies and scratch belong to
         self._last = None  # (epoch, compiled, specs) when every argument is a plain scalar
         self._scalar_only = all(not isinstance(a, (Template, NdarrayType, VectorType, MatrixType))
                                 and a not in (Template, NdarrayType) for a in self.anns)
@@ -260,6 +263,7 @@ class Kernel:
         its own launch's sums), else the same set again."""
         if not lc.plan.scratch:
             return ()
+        self._drop_dead_pools()
         key = id(lc)
         if taped:
             spare = self._scratch_spare.get(key)
@@ -308,12 +312,22 @@ class Kernel:
                 and not any(objs is o for o in self._scratch_taped.get(key, ())):
             self._scratch_spare.setdefault(key, []).append(objs)
 
+    def _drop_dead_pools(self) -> None:
+        """Copies and scratch buffers made before a ti.reset() / ti.init() are gone with the device."""
+        gen = _device.generation()
+        if self._pool_generation != gen:
+            self._pool_generation = gen
+            for pool in (self._snaps, self._spare, self._scratch_own, self._scratch_taped, self._scratch_last,
+                         self._scratch_spare):
+                pool.clear()
+
     def _keep_snapshots(self, lc, args, taped: bool) -> None:
         """Before a forward launch that updates fields in place (passes/autodiff/promote.py):
         copy them, for its adjoint's replay. Only when a gradient may be asked for (something it
         reads has one); a tape keeps one copy per launch, a launch outside a tape only the last."""
         if not any(get(args).needs_grad for get in lc.loads + lc.snapshots):
             return
+        self._drop_dead_pools()
         fields = [get(args) for get in lc.snapshots]
         copies = []
         for st in fields:
@@ -405,14 +419,17 @@ class Kernel:
         lc, specs, rt = self._get(args)
         opts = _options()
         grads = grad_sources(lc.compiled, specs)
+        # a ti.ad.Tape(check_nan=True) running its backward pass: the adjoint checks its gradients
+        check = opts.check_nan or (_ad_state or _ad()).check_nan
         # the forward's Launcher stands for the argument specs, the options and the epoch
         # (self._cache keeps it alive, so its id is never reused)
-        key = (id(lc), grads, fused)
+        key = (id(lc), grads, fused, check)
         zero = ()
         while True:
             g = self._grad_cache.get((*key, zero), False)
             if g is False:
-                c = compile_adjoint(lc.compiled, grads, opts, zero, fused)
+                o = opts if check == opts.check_nan else dataclasses.replace(opts, check_nan=check)
+                c = compile_adjoint(lc.compiled, grads, o, zero, fused)
                 g = self._grad_cache[(*key, zero)] = None if c is None else Launcher(c, specs)
             if g is None or zero or not launching or g.zero_check is None:
                 return g, specs, rt

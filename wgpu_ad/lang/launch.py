@@ -277,6 +277,19 @@ def _fuse_check(p: plan.LaunchPlan, storage: list) -> Callable:
 
 # ---- the launch ------------------------------------------------------------------------------------
 
+def _geometry(lc: Launcher, args, src) -> tuple | None:
+    """(name, shape, element shape) of the field or ndarray whose gradient (or itself) a plan
+    source names in a launch with these arguments, or None: for the message of a failed
+    gradient check (nan_check.py)."""
+    try:
+        st = lc.storage[lc.plan.buffers.index(src)](args)
+    except (ValueError, IndexError, AttributeError):
+        return None
+    if getattr(st, "is_grad", False) and getattr(st, "primal", None) is not None:
+        st = st.primal
+    return st.name, tuple(st.shape), tuple(st.element_shape)
+
+
 def launch(lc: Launcher, args, rt):
     ck, p = lc.ck, lc.plan
     packed = lc.pack(args, rt)
@@ -308,8 +321,8 @@ def launch(lc: Launcher, args, rt):
                 raise GpuError(f"kernel '{ck.name}': task {ti} runs one iteration per thread but its launch "
                                f"does not cover its range (compiler bug)")
         rt.launch(ck, ti, buffers, packed, wg, const)
-    if lc.has_asserts:  # debug-mode asserts, or autodiff stack overflow checks
-        rt.check_errors(ck)
+    if lc.has_asserts:  # debug-mode asserts, autodiff stack overflow checks, gradient checks
+        rt.check_errors(ck, lambda src: _geometry(lc, args, src))
     if ck.ret_dtype is not None:
         return rt.read_ret(ck.ret_dtype)
     return None

@@ -448,8 +448,11 @@ class Runtime:
         """The kernel return value most recently written to ret_buffer, as a Python scalar."""
         return np.frombuffer(self.read(self.ret_buffer, 4), dtype=dtype.np)[0].item()
 
-    def check_errors(self, ck: CompiledKernel) -> None:
-        """Debug mode: raise KernelRuntimeError if a launch of ck recorded a failed assert."""
+    def check_errors(self, ck: CompiledKernel, storage: Callable | None = None) -> None:
+        """Debug mode: raise KernelRuntimeError if a launch of ck recorded a failed assert.
+        storage(source): what the launcher knows of the storage a plan source names, for the
+        message of a failed gradient check (GradientNaNError; its table entry, a
+        nan_check.GradCheck, makes it)."""
         if not ck.asserts:
             return
         words = np.frombuffer(self.read(self.error_buffer, ERROR_WORDS * 4), dtype=np.uint32)
@@ -462,6 +465,8 @@ class Runtime:
         template, dtypes = ck.asserts[which - 1]
         values = [words[1 + i: 2 + i].view(to_dtype(dt).np)[0].item() for i, dt in enumerate(dtypes)]
         kind = ck.assert_kinds[which - 1] if which <= len(ck.assert_kinds) else "stack"
+        if kind == "nan":
+            raise template.error(values, storage)
         cls = KernelAssertionError if kind == "assert" else KernelRuntimeError
         raise cls(f"kernel '{ck.name}': " + template.format(*values))
 
