@@ -636,11 +636,14 @@ def test_svd_and_polar_decompose_values_and_gradients(n):
     differences, on matrices with positive and negative determinants. Two more matrices, I and
     1.5 I (every simulation's first step), have coinciding singular values: U and V have no
     derivative there, but R and P do (dR = skew(dF) / 1.5 and dP = sym(dF) at 1.5 I), so only the
-    polar terms count for them, against that closed form."""
+    polar terms count for them, against that closed form. Three degenerate matrices (zero, rank
+    one, a reflection with equal singular values) must give finite values and gradients (each of
+    them also passes Tape(check_nan=True), which is too slow to compile for the test suite)."""
     rng = np.random.default_rng(10 + n)
     general = np.concatenate([_well_conditioned(rng, n, 3, 1.0), _well_conditioned(rng, n, 2, -1.0)])
-    a0 = f32(np.concatenate([general, [np.eye(n), 1.5 * np.eye(n)]])).astype(np.float64)
-    m, n_general = len(a0), len(general)
+    degenerate = [np.zeros((n, n)), np.diag([1.0] + [0.0] * (n - 1)), np.diag([1.0] * (n - 1) + [-1.0])]
+    a0 = f32(np.concatenate([general, [np.eye(n), 1.5 * np.eye(n)], degenerate])).astype(np.float64)
+    m, n_general, n_unique = len(a0), len(general), len(general) + 2
     w, c = rng.uniform(-1, 1, n), rng.uniform(-1, 1, n)
     W, M, N, Q, T = (rng.uniform(-1, 1, (n, n)) for _ in range(5))
     A = ti.Matrix.field(n, n, ti.f32, shape=m, needs_grad=True)
@@ -655,8 +658,11 @@ def test_svd_and_polar_decompose_values_and_gradients(n):
             U, S, V = ti.svd(A[i])
             R, P = ti.polar_decompose(A[i])
             out["U"][i], out["S"][i], out["V"][i], out["R"][i], out["P"][i] = U, S, V, R, P
-            for j, k in ti.static(ti.ndrange(n, n)):
-                loss[None] += R[j, k] * Qm[j, k] + P[j, k] * Tm[j, k]
+            if i >= n_unique:
+                loss[None] += S.sum() + R.sum() + P.sum()
+            else:
+                for j, k in ti.static(ti.ndrange(n, n)):
+                    loss[None] += R[j, k] * Qm[j, k] + P[j, k] * Tm[j, k]
             if i < n_general:
                 C = ti.Matrix.zero(ti.f32, n, n)
                 for k in ti.static(range(n)):
@@ -684,16 +690,24 @@ def test_svd_and_polar_decompose_values_and_gradients(n):
             np.testing.assert_allclose(np.abs(np.sum(U[i] * u, 0)), 1, atol=1e-5)  # columns up to sign
         np.testing.assert_allclose(U[i] @ S[i] @ V[i].T, a0[i], atol=2e-6)
         assert abs(np.linalg.det(U[i]) - 1) < 1e-5 and abs(np.linalg.det(V[i]) - 1) < 1e-5
-        r, p = _polar_ref(a0[i])
-        np.testing.assert_allclose(R[i], r, atol=2e-6)
-        np.testing.assert_allclose(P[i], p, atol=2e-6)
+        if i < n_unique:
+            r, p = _polar_ref(a0[i])
+            np.testing.assert_allclose(R[i], r, atol=2e-6)
+            np.testing.assert_allclose(P[i], p, atol=2e-6)
+        else:  # R is not unique: a rotation, P symmetric, R P = A
+            np.testing.assert_allclose(R[i] @ R[i].T, np.eye(n), atol=2e-6)
+            assert abs(np.linalg.det(R[i]) - 1) < 1e-5
+            np.testing.assert_allclose(P[i], P[i].T, atol=2e-6)
+            np.testing.assert_allclose(R[i] @ P[i], a0[i], atol=2e-6)
     want = sum(ref_loss(a) for a in general) + sum(np.sum(Q * np.eye(n)) + np.sum(T * k * np.eye(n)) for k in (1, 1.5))
+    want += sum(np.sum(S[i]) + np.sum(R[i]) + np.sum(P[i]) for i in range(n_unique, m))  # (checked above)
     np.testing.assert_allclose(loss[None], want, rtol=1e-5)
     g = A.grad.to_numpy()
     assert_grad(g[:n_general], np.array([central_diff(ref_loss, a) for a in general]), rtol=2e-4)
     skew, sym = (Q - Q.T) / 2, (T + T.T) / 2
     assert_grad(g[n_general], skew + sym)
     assert_grad(g[n_general + 1], skew / 1.5 + sym)
+    assert np.isfinite(g[n_unique:]).all()
 
 
 def test_svd_of_an_unsupported_shape_is_refused():
