@@ -647,11 +647,17 @@ def test_mass_spring_simulation_against_central_differences():
 def test_dual_storage_api_and_lazy_dual_in_any_order():
     a = ti.field(ti.f32)                      # placed after lazy_dual
     b = ti.Vector.field(3, ti.f32, shape=4)    # placed before it
+    g = ti.field(ti.f32, shape=2, needs_grad=True)
+    h = ti.field(ti.f32, shape=2)
+    h_grad = h.grad                            # a gradient handle taken before anything has storage
     ti.root.lazy_dual()
     ti.root.dense(ti.i, 5).place(a)
     c = ti.Matrix.field(2, 2, ti.f32, shape=())  # created after it
     i = ti.field(ti.i32, shape=3)
     assert a.needs_dual and b.needs_dual and c.needs_dual and not i.needs_dual
+    assert g.dual is not g.grad and h.dual is not h_grad and h.dual.is_dual and not h.dual.is_grad
+    g.dual.fill(3.0)
+    assert g.grad.to_numpy().tolist() == [0.0, 0.0] and g.dual.to_numpy().tolist() == [3.0, 3.0]
     assert a.dual.shape == (5,) and b.dual.shape == (4,) and c.dual.shape == ()
     b.dual.fill(2.0)
     b.dual[1] = [1.0, 2.0, 3.0]

@@ -28,6 +28,9 @@ class Ndarray(Storage):
     def _new_grad(self) -> "Ndarray":
         return Ndarray(self.dtype, self._shape, self.element_shape)
 
+    def _new_dual(self) -> "Ndarray":
+        return Ndarray(self.dtype, self._shape, self.element_shape)
+
 
 def ndarray(dtype, shape, needs_grad: bool = False, name: str | None = None, needs_dual: bool = False) -> Ndarray:
     """ti.ndarray(ti.f32, shape=(n, m)) or ti.ndarray(ti.math.vec3, shape=n)."""

@@ -150,10 +150,14 @@ class Storage(ABC):
             if not self.dtype.is_float:
                 raise WgpuAdError(f"{self._label()} has dtype {self.dtype}: only float fields can have "
                                   f"duals (needs_dual=True)")
-            d = self._new_grad()
+            d = self._new_dual()
             d.is_dual = True
             d.primal = self
             self._dual = d
+
+    @abstractmethod
+    def _new_dual(self) -> "Storage":
+        """A storage like self, to be marked as self's dual."""
 
     @abstractmethod
     def _new_grad(self) -> "Storage":
