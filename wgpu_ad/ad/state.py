@@ -8,6 +8,9 @@ from __future__ import annotations
 
 current_tape = None   # the ti.ad.Tape inside whose `with` block we are, or None
 in_backward = False   # True while a tape runs gradient functions: their launches are not recorded
+# False while ti.ad.checkpoint runs steps whose adjoints will not run (its forward pass and its
+# recomputation): kernels that update fields in place then keep no copy for their adjoint
+keep_copies = True
 
 
 def on_launch(kernel, args: tuple) -> None:

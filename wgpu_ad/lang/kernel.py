@@ -13,6 +13,7 @@ from ..errors import CompileError, KernelArgError, WgpuAdError
 from ..types import MatrixType, VectorType, to_dtype
 from .external import EXTERNALS, Externals, describe, is_external
 from .launch import Launcher, launch
+from . import storage as _storage
 from .ndarray import Ndarray
 
 _compile_epoch = [0]  # bumped by ti.reset(): compiled kernels belong to one device
@@ -216,9 +217,11 @@ class Kernel:
             if tape.defer(self, lc, args, rt):
                 self._note_versions(lc, args)
                 return None  # launched before anything else reaches the device, or fused with its adjoint
-        if lc.snapshots:
+        if lc.snapshots and ad.keep_copies:
             self._keep_snapshots(lc, args, tape is not None and tape.recording and not ad.in_backward
                                  and tape.keep_copies)
+        if lc.ck.ret_dtype is not None and _storage.host_guard is not None:
+            _storage.host_guard(self, "its return value")
         ret = launch(lc, args, rt)
         self._note_versions(lc, args)
         return ret
@@ -237,12 +240,14 @@ class Kernel:
                 c = spare.pop()
             else:
                 c = Ndarray(st.dtype, st.shape, st.element_shape, name=f"{st.name}_before")
-            c.copy_from(st)
+            c._copy_from(st)
             copies.append(c)
         key = tuple(map(id, fields))
         if taped:
             self._snaps.setdefault(key, []).append(copies)
         else:
+            for old in self._snaps.get(key, ()):
+                self._recycle(old)  # only the last launch's copies are kept: reuse the older ones
             self._snaps[key] = [copies]
 
     def _pop_snapshots(self, lc, args) -> tuple:
@@ -292,12 +297,15 @@ class Kernel:
     def _call_external(self, args):
         """A launch with host arrays (lang/external.py): copied in, launched, written back."""
         tape = (_ad_state or _ad()).current_tape
+        if _storage.host_guard is not None:
+            _storage.host_guard(self, "NumPy arrays or torch tensors passed as ndarray arguments (copied back "
+                                      "to the host after the launch)")
         if tape is not None:
             tape.record(self, args)  # the host arrays: the backward pass copies them in again
         dev, bound = EXTERNALS.to_device(self, args, self._ndarrays, with_grads=False)
         lc, _specs, rt = self._get(dev)
-        if lc.snapshots:
-            ad = _ad_state or _ad()
+        ad = _ad_state or _ad()
+        if lc.snapshots and ad.keep_copies:
             self._keep_snapshots(lc, dev, tape is not None and tape.recording and not ad.in_backward
                                  and tape.keep_copies)
         ret = launch(lc, dev, rt)
