@@ -146,3 +146,270 @@ def test_outside_a_tape_it_just_runs_the_steps():
     stats = ti.ad.checkpoint(lambda t: inc(), steps=7, state=[x])
     np.testing.assert_array_equal(x.to_numpy(), np.full(3, 7.0))
     assert stats.snapshots == 0 and stats.recomputed_steps == 0
+
+
+# ---- what would make a step run differently the second time ----------------------------------------
+
+def test_random_numbers_are_drawn_again_the_same():
+    """A step draws noise with ti.random() (in a no_grad kernel, into a field the step writes before
+    reading it): the backward pass reruns each step from its own position in the random stream, so
+    the adjoints see the trajectory of the forward pass. The reference replays the logged noise."""
+    steps = 30
+    x, v, k, loss, step, total = _chain(steps, "revolve")
+    noise = ti.field(ti.f32, shape=N)
+    log = ti.field(ti.f32, shape=(steps, N))
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def draw(t: ti.i32):
+        for i in noise:
+            r = ti.random() - 0.5
+            noise[i] = r
+            log[t, i] = r
+
+    @ti.kernel
+    def shake():
+        for i in x:
+            x[i] = x[i] + 0.01 * noise[i]
+
+    def noisy_step(t):
+        draw(t)
+        step(t)
+        shake()
+
+    rest0 = np.linspace(0, 1, N)
+    x0 = rest0 + np.linspace(0.1, -0.1, N)
+    v0 = np.linspace(-0.3, 0.3, N)
+    x.from_numpy(x0.astype(np.float32))
+    v.from_numpy(v0.astype(np.float32))
+    k[None] = 20.0
+    with ti.ad.Tape(loss):
+        ti.ad.checkpoint(noisy_step, steps=steps, state=[x, v], snapshots=2)
+        total()
+    shakes = log.to_numpy().astype(np.float64)
+    assert np.std(shakes) > 0.1  # really random
+
+    def sim(xx):
+        xs, vs = xx.copy(), v0.copy()
+        for t in range(steps):
+            f = -20.0 * (xs - rest0)
+            f[1:] += 0.5 * 20.0 * (xs[:-1] - rest0[:-1] - xs[1:] + rest0[1:])
+            vs = vs * DAMP + DT * f
+            xs = xs + DT * vs + 0.01 * shakes[t]
+        return float((xs * xs * np.arange(1, N + 1)).sum())
+
+    assert loss[None] == pytest.approx(sim(x0), rel=1e-4)
+    np.testing.assert_allclose(x.grad.to_numpy(), central_diff(sim, x0), rtol=1e-3, atol=1e-5)
+
+
+def _two_kernel_step():
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    f = ti.field(ti.f32, shape=4, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def push():
+        for i in x:
+            x[i] = x[i] + 0.1 * f[i]
+
+    @ti.kernel
+    def remember():
+        for i in x:
+            f[i] = 0.5 * x[i]
+
+    @ti.kernel
+    def total():
+        for i in x:
+            loss[None] += x[i]
+
+    x.from_numpy(np.arange(4, dtype=np.float32))
+    return x, f, loss, push, remember, total
+
+
+def test_a_hidden_state_is_refused_with_its_name():
+    """f is written by a step and read by the next one before being written again: it is state."""
+    x, f, loss, push, remember, total = _two_kernel_step()
+
+    def step(t):
+        push()
+        remember()
+
+    with pytest.raises(ti.WgpuAdError, match=r"ti.ad.checkpoint: field 'f' carries values from one step to the next "
+                                             r"but is not in state=: kernel 'push' reads it in step 0 before the step "
+                                             r"writes it, and kernel 'remember' writes it in step 0\. .*add it to "
+                                             r"state= \(state=\[x, f\]\)"):
+        with ti.ad.Tape(loss):
+            ti.ad.checkpoint(step, steps=5, state=[x])
+            total()
+    # with f in the state, the same steps are differentiated: x_{t+1} = x_t + 0.1 f_t, f_{t+1} = 0.5 x_{t+1}
+    x, f, loss, push, remember, total = _two_kernel_step()
+    with ti.ad.Tape(loss):
+        ti.ad.checkpoint(step, steps=5, state=[x, f])
+        total()
+
+    def sim(x0, f0):
+        xs, fs = x0.copy(), f0.copy()
+        for _ in range(5):
+            xs = xs + 0.1 * fs
+            fs = 0.5 * xs
+        return float(xs.sum())
+
+    x0, f0 = np.arange(4.0), np.zeros(4)
+    np.testing.assert_allclose(x.grad.to_numpy(), central_diff(lambda a: sim(a, f0), x0), rtol=1e-4)
+    np.testing.assert_allclose(f.grad.to_numpy(), central_diff(lambda a: sim(x0, a), f0), rtol=1e-4)
+
+
+def test_a_field_read_in_a_later_step_is_named():
+    x, f, loss, push, remember, total = _two_kernel_step()
+
+    def step(t):  # writes f after the step's reads, so the next step's push reads it
+        if t == 0:
+            remember()
+        push()
+
+    with pytest.raises(ti.WgpuAdError, match=r"field 'f' carries values from one step to the next but is not in "
+                                             r"state=: kernel 'remember' writes it in step 0 and kernel 'push' reads "
+                                             r"it in step 1 before the step writes it"):
+        with ti.ad.Tape(loss):
+            ti.ad.checkpoint(step, steps=3, state=[x])
+            total()
+
+
+@pytest.mark.parametrize("how", ["to_numpy", "item", "return"])
+def test_reading_back_inside_a_step_is_refused(how):
+    x, f, loss, push, remember, total = _two_kernel_step()
+
+    @ti.kernel
+    def peek() -> ti.f32:
+        return x[0]
+
+    def step(t):
+        push()
+        if how == "to_numpy":
+            print(x.to_numpy())
+        elif how == "item":
+            print(x[1])
+        else:
+            print(peek())
+
+    what = {"to_numpy": r"field 'x' \(to_numpy\(\)\)", "item": r"field 'x' \(x\[1\] in Python scope\)",
+            "return": r"the return value of kernel 'peek'"}[how]
+    with pytest.raises(ti.WgpuAdError, match=rf"ti.ad.checkpoint: step 0 reads {what} back to Python while it runs\. "
+                                             r"The backward pass runs every step again .* log a value per step"):
+        with ti.ad.Tape(loss):
+            ti.ad.checkpoint(step, steps=3, state=[x])
+            total()
+
+
+def test_python_scope_writes_in_a_step_are_undone():
+    """A force field cleared with fill() in Python scope, accumulated by one kernel and applied by the
+    next: the backward pass undoes each launch (and the fill) to give every adjoint its inputs."""
+    x = ti.field(ti.f32, shape=N, needs_grad=True)
+    force = ti.field(ti.f32, shape=N, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def springs():
+        for i in x:
+            if i > 0:
+                d = x[i] - x[i - 1] - 0.25
+                force[i] -= 3.0 * d * d
+                force[i - 1] += 3.0 * d * d
+
+    @ti.kernel
+    def move():
+        for i in x:
+            x[i] = x[i] + 0.05 * force[i]
+
+    @ti.kernel
+    def total():
+        for i in x:
+            loss[None] += x[i] * x[i] * (i + 1)
+
+    def step(t):
+        force.fill(0)
+        springs()
+        move()
+
+    x0 = np.linspace(0, 1.2, N) + np.array([0.0, 0.05, -0.02, 0.03, 0.0])
+    x.from_numpy(x0.astype(np.float32))
+    with ti.ad.Tape(loss):
+        ti.ad.checkpoint(step, steps=20, state=[x], snapshots=2)
+        total()
+
+    def sim(xx):
+        xs = xx.copy()
+        for _ in range(20):
+            d = xs[1:] - xs[:-1] - 0.25
+            fc = np.zeros(N)
+            fc[1:] -= 3.0 * d * d
+            fc[:-1] += 3.0 * d * d
+            xs = xs + 0.05 * fc
+        return float((xs * xs * np.arange(1, N + 1)).sum())
+
+    assert loss[None] == pytest.approx(sim(x0), rel=1e-5)
+    np.testing.assert_allclose(x.grad.to_numpy(), central_diff(sim, x0), rtol=1e-3, atol=1e-5)
+
+
+def test_kernels_before_the_checkpoint_see_the_initial_state():
+    """A kernel launched on the tape before the checkpoint reads the state: its gradient runs after
+    the checkpoint's backward pass and needs the state from before step 0 (the fields hold the final
+    state again once the tape is done)."""
+    x, v, k, loss, step, total = _chain(10, "revolve")
+
+    @ti.kernel
+    def start_cost():
+        for i in x:
+            loss[None] += 0.5 * x[i] * x[i] * x[i]
+
+    rest0 = np.linspace(0, 1, N)
+    x0 = rest0 + np.linspace(0.1, -0.1, N)
+    v0 = np.linspace(-0.3, 0.3, N)
+    x.from_numpy(x0.astype(np.float32))
+    v.from_numpy(v0.astype(np.float32))
+    k[None] = 20.0
+    with ti.ad.Tape(loss):
+        start_cost()
+        ti.ad.checkpoint(step, steps=10, state=[x, v])
+        total()
+
+    def f(xx):
+        return 0.5 * float((xx ** 3).sum()) + _simulate(v0, 20.0, xx, rest0, 10)
+
+    np.testing.assert_allclose(x.grad.to_numpy(), central_diff(f, x0), rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(loss[None], f(x0), rtol=1e-5)
+    np.testing.assert_allclose(loss[None] - 0.5 * float((x0 ** 3).sum()),
+                               float((x.to_numpy() ** 2 * np.arange(1, N + 1)).sum()), rtol=1e-4)
+
+
+def test_manual_use_with_a_tape_without_loss_and_kernel_grad():
+    """Documented manual use: record the checkpoint on a ti.ad.Tape() without a loss, launch the loss
+    kernel outside, seed its gradient, call total.grad() and then tape.grad()."""
+    x, v, k, loss, step, total = _chain(12, "revolve")
+    rest0 = np.linspace(0, 1, N)
+    x0 = rest0 + np.linspace(0.1, -0.1, N)
+    v0 = np.linspace(-0.3, 0.3, N)
+    x.from_numpy(x0.astype(np.float32))
+    v.from_numpy(v0.astype(np.float32))
+    k[None] = 20.0
+    with ti.ad.Tape() as tape:
+        ti.ad.checkpoint(step, steps=12, state=[x, v])
+    loss.fill(0)
+    total()
+    loss.grad[None] = 1.0
+    total.grad()
+    tape.grad()
+    want = central_diff(lambda vv: _simulate(vv, 20.0, x0, rest0, 12), v0)
+    np.testing.assert_allclose(v.grad.to_numpy(), want, rtol=1e-3, atol=1e-5)
+
+
+def test_nested_checkpoints_are_refused():
+    x, v, k, loss, step, total = _chain(4, "revolve")
+
+    def outer(t):
+        ti.ad.checkpoint(step, steps=2, state=[x, v])
+
+    with pytest.raises(ti.WgpuAdError, match=r"ti.ad.checkpoint cannot be nested"):
+        with ti.ad.Tape(loss):
+            ti.ad.checkpoint(outer, steps=2, state=[x, v])
+            total()

@@ -124,7 +124,7 @@ class _Recorder:
 
     watch: the forward pass's first run: checks each launch for hidden state (module docstring).
     record: a run to differentiate the step: before each launch, copies of the fields it writes
-    that the step has read so far (what the adjoints will need back), then the launch."""
+    that earlier launches of the step read (what their adjoints will need back), then the launch."""
 
     keep_copies = True
 
@@ -143,9 +143,12 @@ class _Recorder:
         if self.watch:
             self.run.watch_launch(self, f"kernel '{kernel.__name__}'", reads, writes)
             return
-        for r in reads:
-            self._read.add(id(r))
+        if self._custom is not None:  # the gradient function may read what the inner launches read
+            self._read.update(map(id, reads))
+        # what an earlier launch read (its adjoint needs it back); a kernel updating a field in
+        # place keeps its own copy for its adjoint (lang/kernel.py)
         undo = [(w, self.run.clone(w)) for w in writes if id(w) in self._read]
+        self._read.update(map(id, reads))
         if self._custom is not None:
             self._custom.undo += undo
         else:
@@ -172,27 +175,26 @@ class _Recorder:
         finally:
             self._custom = None
 
-    def host(self, obj, what: str) -> None:
-        """storage.host_guard: a Python-scope access of `obj` (a storage, or a kernel returning a
-        value or taking host arrays) inside the step."""
+    def host(self, obj, what: str, index=None) -> None:
+        """storage.host_guard: a Python-scope access inside the step: of a storage (`what`: the
+        method), or a kernel's return value or host arrays (`what` says which)."""
         is_storage = hasattr(obj, "gpu_buffer")
-        writes = is_storage and what.startswith(("fill", "from_numpy", "copy_from")) or "] = " in what
-        if not writes:
-            name = describe(obj) if is_storage else f"kernel '{obj.__name__}'"
+        if not (is_storage and (what.startswith(("fill", "from_numpy", "copy_from")) or "] = " in what)):
+            thing = f"{describe(obj)} ({what})" if is_storage else what
             raise WgpuAdError(
-                f"ti.ad.checkpoint: step {self.t} reads {name} back to Python ({what}) while it runs. The backward "
-                f"pass runs every step again (several times with revolve), so whatever Python does with the value "
+                f"ti.ad.checkpoint: step {self.t} reads {thing} back to Python while it runs. The backward pass "
+                f"runs every step again (several times with revolve), so whatever Python does with the value "
                 f"(logging it, a decision) would happen again, out of order, and each read waits for the GPU. Read "
                 f"it after ti.ad.checkpoint returns; to log a value per step, store it from a kernel into a field "
                 f"indexed by the step (log[t] = ...) and read that after the tape")
         if self.watch:
             self.run.watch_launch(self, f"Python-scope {what}", [], [obj])
-        elif id(obj) in self._read:
-            undo = [(obj, self.run.clone(obj))]
+        else:  # undone like a launch; its adjoint zeroes the gradient of what it overwrote
+            undo = [(obj, self.run.clone(obj))] if id(obj) in self._read else []
             if self._custom is not None:
                 self._custom.undo += undo
             else:
-                self.entries.append(_Entry(None, (), {}, "host", undo))
+                self.entries.append(_Entry(obj, (index,), {}, "host", undo))
 
 
 class _Run:
@@ -215,6 +217,7 @@ class _Run:
         self.seeds: list[int] | None = None  # each step's position in the random stream
         self.done = False
         self._held = 0
+        self._bytes = 0
         self._step_held = 0
         self._spare: dict = {}  # (dtype, shape, element shape) -> copies no longer needed
         self._accesses: dict = {}  # kernel -> (reads, writes), for kernels with scalar arguments only
@@ -235,12 +238,14 @@ class _Run:
         """Copies of `fields` (default: the state), counted as one more snapshot held."""
         out = [self.clone(f) for f in (fields or self.fields)]
         self._held += 1
+        self._bytes += sum(c.nbytes for c in out)
         self.stats.snapshots = max(self.stats.snapshots, self._held)
-        self.stats.bytes = max(self.stats.bytes, self._held * sum(f.nbytes for f in self.fields))
+        self.stats.bytes = max(self.stats.bytes, self._bytes)
         return out
 
     def _drop(self, copies: list) -> None:
         self._held -= 1
+        self._bytes -= sum(c.nbytes for c in copies)
         for c in copies:
             self._release(c)
 
@@ -287,8 +292,9 @@ class _Run:
         raise WgpuAdError(
             f"ti.ad.checkpoint: {describe(f)} carries values from one step to the next but is not in state=: {how}. "
             f"The backward pass restores only the state before it runs steps again, so they would read other "
-            f"values and the gradient would be silently wrong. Add it to state= (state=[..., {f.name or 'it'}]), "
-            f"or have each step write it before reading it")
+            f"values and the gradient would be silently wrong: add it to state= "
+            f"(state=[{', '.join([g.name or '...' for g in self.fields] + [f.name or 'it'])}]), or have each step "
+            f"write it before reading it")
 
     def check_earlier(self, entries) -> None:
         """Kernels launched on the tape before the checkpoint run their gradients after its backward
@@ -479,5 +485,11 @@ class _Run:
                     self._release(c)
                 if e.kind == "kernel" or e.kind == "custom":
                     e.fn.grad(*e.args, **e.kwargs)
+                elif e.kind == "host" and e.fn.needs_grad:  # nothing depends on the values overwritten
+                    index = e.args[0]
+                    if index is None:
+                        e.fn.grad.fill(0)
+                    else:
+                        e.fn.grad[index] = 0
         finally:
             ad_state.in_backward = prev

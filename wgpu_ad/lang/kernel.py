@@ -221,7 +221,7 @@ class Kernel:
             self._keep_snapshots(lc, args, tape is not None and tape.recording and not ad.in_backward
                                  and tape.keep_copies)
         if lc.ck.ret_dtype is not None and _storage.host_guard is not None:
-            _storage.host_guard(self, "its return value")
+            _storage.host_guard(self, f"the return value of kernel '{self.__name__}'")
         ret = launch(lc, args, rt)
         self._note_versions(lc, args)
         return ret
@@ -298,8 +298,8 @@ class Kernel:
         """A launch with host arrays (lang/external.py): copied in, launched, written back."""
         tape = (_ad_state or _ad()).current_tape
         if _storage.host_guard is not None:
-            _storage.host_guard(self, "NumPy arrays or torch tensors passed as ndarray arguments (copied back "
-                                      "to the host after the launch)")
+            _storage.host_guard(self, f"the NumPy arrays or torch tensors passed to kernel '{self.__name__}' "
+                                      f"(copied back after the launch)")
         if tape is not None:
             tape.record(self, args)  # the host arrays: the backward pass copies them in again
         dev, bound = EXTERNALS.to_device(self, args, self._ndarrays, with_grads=False)

@@ -17,8 +17,9 @@ from ..types import DType, f16, to_dtype, u1
 from ..errors import WgpuAdError
 from ..runtime import device as _rt
 
-# While set, called as host_guard(storage, what) before a Python-scope read or write of a storage
-# (what: "to_numpy", "fill", ...): ti.ad.checkpoint watches the steps it runs (ad/checkpoint.py).
+# While set, called as host_guard(storage, what, index=None) before a Python-scope read or write of a
+# storage (what: "to_numpy()", "fill()", ...; index: of x[i]): ti.ad.checkpoint watches the steps it
+# runs (ad/checkpoint.py).
 host_guard = None
 
 # Every storage alive; reset() drops their buffers so GPU memory goes with the device.
@@ -231,7 +232,7 @@ class Storage(ABC):
     def __getitem__(self, key):
         flat = self._flat_index(key)
         if host_guard is not None:
-            host_guard(self, f"{self.name or 'x'}[{key!r}] in Python scope")
+            host_guard(self, f"{self.name or 'x'}[{key!r}] in Python scope", key)
         es, nb = self.element_size, self.dtype.nbytes
         if self._buffer is None:
             self._check_alive()
@@ -247,7 +248,7 @@ class Storage(ABC):
         flat = self._flat_index(key)
         arr = self._as_elements(value, self.element_shape, f"{self._label()}[{key!r}] = ...")
         if host_guard is not None:
-            host_guard(self, f"{self.name or 'x'}[{key!r}] = ... in Python scope")
+            host_guard(self, f"{self.name or 'x'}[{key!r}] = ... in Python scope", key)
         es, nb = self.element_size, self.dtype.nbytes
         _rt.get_runtime().write(self.gpu_buffer(), np.broadcast_to(arr, self.element_shape).ravel(), flat * es * nb)
         self.wrote("a Python-scope assignment")
