@@ -413,3 +413,195 @@ def test_nested_checkpoints_are_refused():
         with ti.ad.Tape(loss):
             ti.ad.checkpoint(outer, steps=2, state=[x, v])
             total()
+
+
+# ---- the cloth, written in place, over 1000 steps ---------------------------------------------------
+
+CN, CT, CDT, CKS, CDAMP, CG = 6, 1000, 1e-3, 800.0, 0.999, 9.8
+COFFS = [(-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1)]
+CTARGET = np.array([0.3, -0.4, 0.6])
+
+
+def _cloth_reference(x0, v0, ks):
+    """The loss of the in-place cloth in float64 NumPy, batched over leading axes of x0 / v0 / ks
+    (each a perturbed copy), so that all the central differences run as one simulation."""
+    dx = 1.0 / CN
+    x, v = x0.astype(np.float64), v0.astype(np.float64)
+    ks = np.asarray(ks, np.float64)[..., None, None, None]
+    for _ in range(CT):
+        f = np.zeros(np.broadcast_shapes(x.shape, v.shape))
+        f[..., 1] = -CG
+        for di, dj in COFFS:
+            rest = dx * np.hypot(di, dj)
+            i0, i1, j0, j1 = max(0, -di), CN - max(0, di), max(0, -dj), CN - max(0, dj)
+            d = x[..., i0 + di:i1 + di, j0 + dj:j1 + dj, :] - x[..., i0:i1, j0:j1, :]
+            length = np.sqrt((d ** 2).sum(-1, keepdims=True))
+            f[..., i0:i1, j0:j1, :] += ks[..., :1, :1, :] * (length - rest) / length * d
+        v = v * CDAMP + CDT * f
+        x = x + CDT * v
+    return ((x - CTARGET) ** 2).sum((-3, -2, -1)) / (CN * CN)
+
+
+def _directional_diffs(x0, v0, ks, dirs, h=1e-6):
+    """Float64 central differences of the loss along each direction (dx0, dv0, dks) in `dirs`,
+    all in one batched simulation."""
+    dxs = np.stack([d[0] for d in dirs])
+    dvs = np.stack([d[1] for d in dirs])
+    dks = np.array([d[2] for d in dirs], np.float64)
+    both = np.concatenate([np.ones(len(dirs)), -np.ones(len(dirs))])[:, None, None, None]
+    out = _cloth_reference(x0 + h * both * np.concatenate([dxs, dxs]), v0 + h * both * np.concatenate([dvs, dvs]),
+                           ks + h * both[:, 0, 0, 0] * np.concatenate([dks, dks]))
+    return (out[:len(dirs)] - out[len(dirs):]) / (2 * h)
+
+
+def _cloth_inputs():
+    rng = np.random.default_rng(3)
+    g = (np.arange(CN) + 0.5) / CN
+    a, b = np.meshgrid(g, g, indexing="ij")
+    x0 = np.stack([b, np.zeros_like(a), a], -1) + rng.normal(0, 0.01, (CN, CN, 3))
+    v0 = rng.normal(0, 0.2, (CN, CN, 3))
+    return x0, v0
+
+
+def _cloth_in_place(schedule, x0, v0):
+    x = ti.Vector.field(3, ti.f32, shape=(CN, CN), needs_grad=True)
+    v = ti.Vector.field(3, ti.f32, shape=(CN, CN), needs_grad=True)
+    f = ti.Vector.field(3, ti.f32, shape=(CN, CN), needs_grad=True)
+    ks = ti.field(ti.f32, shape=(), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    rest = [math.hypot(di, dj) / CN for di, dj in COFFS]
+    tx, ty, tz = CTARGET
+
+    @ti.kernel
+    def forces():
+        for i, j in ti.ndrange(CN, CN):
+            acc = ti.Vector([0.0, -CG, 0.0])
+            for k in ti.static(range(8)):
+                i2, j2 = i + ti.static(COFFS[k][0]), j + ti.static(COFFS[k][1])
+                if 0 <= i2 < CN and 0 <= j2 < CN:
+                    d = x[i2, j2] - x[i, j]
+                    length = d.norm()
+                    acc += ks[None] * (length - ti.static(rest[k])) / length * d
+            f[i, j] = acc
+
+    @ti.kernel
+    def integrate():
+        for i, j in ti.ndrange(CN, CN):
+            v[i, j] = v[i, j] * CDAMP + CDT * f[i, j]
+            x[i, j] = x[i, j] + CDT * v[i, j]
+
+    @ti.kernel
+    def compute_loss():
+        for i, j in ti.ndrange(CN, CN):
+            d = x[i, j] - ti.Vector([tx, ty, tz])
+            loss[None] += d.dot(d) / (CN * CN)
+
+    def step(t):
+        forces()
+        integrate()
+
+    x.from_numpy(x0.astype(np.float32))
+    v.from_numpy(v0.astype(np.float32))
+    ks[None] = CKS
+    with ti.ad.Tape(loss):
+        stats = ti.ad.checkpoint(step, steps=CT, state=[x, v], schedule=schedule)
+        compute_loss()
+    return loss[None], x.grad.to_numpy(), v.grad.to_numpy(), ks.grad[None], stats
+
+
+def test_cloth_over_1000_steps_against_float64_central_differences():
+    """A 6 x 6 cloth (springs to the 8 neighbours, gravity, damping) updated in place for 1000 steps:
+    the gradients of the loss with respect to the initial positions, velocities and the stiffness
+    (a parameter read by every step) from revolve, sqrt and store_all, each against float64 central
+    differences of a NumPy simulation, and against each other to float32 noise."""
+    x0, v0 = _cloth_inputs()
+    want_loss = float(_cloth_reference(x0, v0, CKS))
+    # directions: three random ones and two single entries for x0 and v0 each, and the stiffness
+    rng = np.random.default_rng(4)
+    zero = np.zeros((CN, CN, 3))
+    dirs = []
+    for which in (0, 1):
+        picks = [rng.normal(size=(CN, CN, 3)) for _ in range(3)] + [np.eye(CN * CN * 3)[k].reshape(CN, CN, 3)
+                                                                    for k in (7, 80)]
+        dirs += [(p, zero, 0.0) if which == 0 else (zero, p, 0.0) for p in picks]
+    dirs.append((zero, zero, 1.0))
+    want = _directional_diffs(x0, v0, CKS, dirs)
+    got = {}
+    for schedule in ("revolve", "sqrt", "store_all"):
+        loss, gx, gv, gk, stats = _cloth_in_place(schedule, x0, v0)
+        assert loss == pytest.approx(want_loss, rel=1e-4)
+        have = np.array([(gx * dx).sum() + (gv * dv).sum() + gk * dk for dx, dv, dk in dirs])
+        np.testing.assert_allclose(have, want, rtol=2e-3, atol=1e-3 * np.abs(want).max(), err_msg=schedule)
+        got[schedule] = (gx, gv, gk, stats)
+    for schedule in ("sqrt", "store_all"):  # the same numbers, up to float32 rounding
+        for k in (0, 1):
+            scale = np.abs(got["revolve"][k]).max()
+            np.testing.assert_allclose(got[schedule][k], got["revolve"][k], rtol=1e-4, atol=1e-5 * scale)
+        assert got[schedule][2] == pytest.approx(got["revolve"][2], rel=1e-4)
+    assert got["revolve"][3].snapshots <= math.ceil(math.log2(CT)) + 3 < got["sqrt"][3].snapshots
+    assert got["store_all"][3].snapshots >= CT
+
+
+# ---- memory: O(log T) copies for revolve, O(T) for store_all ---------------------------------------
+
+def _oscillator(steps: int, schedule: str):
+    """One mass on a spring, one in-place kernel per step (the smallest state: two floats), the
+    loss x_T^2; returns (stats, dloss/dx0, dloss/dv0, dloss/dw)."""
+    x = ti.field(ti.f32, shape=1, needs_grad=True)
+    v = ti.field(ti.f32, shape=1, needs_grad=True)
+    w = ti.field(ti.f32, shape=(), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def step():
+        for i in x:
+            vn = v[i] * 0.9995 - 1e-3 * w[None] * x[i]
+            v[i] = vn
+            x[i] = x[i] + 1e-3 * vn
+
+    @ti.kernel
+    def total():
+        loss[None] = x[0] * x[0]
+
+    x[0], v[0], w[None] = 1.0, 0.5, 4.0
+    with ti.ad.Tape(loss):
+        stats = ti.ad.checkpoint(lambda t: step(), steps=steps, state=[x, v], schedule=schedule)
+        total()
+    return stats, x.grad[0], v.grad[0], w.grad[None]
+
+
+def _oscillator_reference(steps: int):
+    """dloss/d(x0, v0, w) in float64: the step is linear in (x, v), so its Jacobian power is exact."""
+    def loss(x0, v0, w):
+        m = np.array([[1 - 1e-6 * w, 1e-3 * 0.9995], [-1e-3 * w, 0.9995]])
+        xt = (np.linalg.matrix_power(m, steps) @ np.array([x0, v0]))[0]
+        return xt * xt
+    h = 1e-6
+    return [(loss(*(p + h * (k == i) for k, p in enumerate((1.0, 0.5, 4.0)))) -
+             loss(*(p - h * (k == i) for k, p in enumerate((1.0, 0.5, 4.0))))) / (2 * h) for i in range(3)]
+
+
+@pytest.mark.parametrize("steps", [100, 1000, 10000])
+def test_revolve_keeps_log_t_copies(steps):
+    stats, gx, gv, gw = _oscillator(steps, "revolve")
+    # the ceil(log2 T) free checkpoints, the first and the final state, the start of a step
+    assert stats.snapshots <= math.ceil(math.log2(steps)) + 3
+    assert stats.bytes == stats.snapshots * 2 * 4  # two f32 fields of one element per copy
+    assert stats.step_bytes <= 2 * 4  # one step's pre-launch copies: at most the state
+    # binomial: with s free checkpoints each step runs again at most r times (the fewest r with
+    # C(s + r, s) >= T: 3, 4, 5 here), and once more to be differentiated
+    s = math.ceil(math.log2(steps))
+    r = next(r for r in range(1, 99) if math.comb(s + r, s) >= steps)
+    assert steps < stats.recomputed_steps <= (r + 1) * steps
+    want = _oscillator_reference(steps)
+    np.testing.assert_allclose([gx, gv, gw], want, rtol=2e-3, atol=1e-4 * max(map(abs, want)))
+
+
+@pytest.mark.parametrize("steps", [100, 1000])
+def test_store_all_keeps_t_copies(steps):
+    stats, gx, gv, gw = _oscillator(steps, "store_all")
+    assert stats.snapshots == steps + 2  # every step's start, and the state after the last
+    assert stats.bytes == (steps + 2) * 2 * 4
+    assert stats.recomputed_steps == steps
+    want = _oscillator_reference(steps)
+    np.testing.assert_allclose([gx, gv, gw], want, rtol=2e-3, atol=1e-4 * max(map(abs, want)))

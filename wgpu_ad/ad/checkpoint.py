@@ -218,6 +218,7 @@ class _Run:
         self.done = False
         self._held = 0
         self._bytes = 0
+        self._at: list | None = None  # the copies the state fields hold the values of, if known
         self._step_held = 0
         self._spare: dict = {}  # (dtype, shape, element shape) -> copies no longer needed
         self._accesses: dict = {}  # kernel -> (reads, writes), for kernels with scalar arguments only
@@ -237,6 +238,8 @@ class _Run:
     def _copy(self, fields=None) -> list:
         """Copies of `fields` (default: the state), counted as one more snapshot held."""
         out = [self.clone(f) for f in (fields or self.fields)]
+        if fields is None:
+            self._at = out
         self._held += 1
         self._bytes += sum(c.nbytes for c in out)
         self.stats.snapshots = max(self.stats.snapshots, self._held)
@@ -244,12 +247,20 @@ class _Run:
         return out
 
     def _drop(self, copies: list) -> None:
+        if copies is self._at:
+            self._at = None
         self._held -= 1
         self._bytes -= sum(c.nbytes for c in copies)
         for c in copies:
             self._release(c)
 
     def _restore(self, copies: list, fields=None) -> None:
+        if fields is None:
+            if copies is self._at:
+                return  # the state holds these values already (nothing ran since they were taken)
+            self._at = copies
+        else:
+            self._at = None
         for f, c in zip(fields or self.fields, copies):
             f._copy_from(c)
 
@@ -320,9 +331,10 @@ class _Run:
 
     @contextlib.contextmanager
     def _running(self, rec: _Recorder | None, copies: bool):
-        """Launches inside: told to `rec` (None: to nobody), kernels updating fields in place keep
-        copies for their adjoints only when `copies`."""
+        """Steps run inside: launches told to `rec` (None: to nobody), kernels updating fields in
+        place keep copies for their adjoints only when `copies`."""
         from ..lang import storage
+        self._at = None
         prev = (ad_state.current_tape, ad_state.in_backward, ad_state.keep_copies, storage.host_guard)
         if rec is None:
             ad_state.in_backward = True
