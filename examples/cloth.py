@@ -326,7 +326,7 @@ class ClothOptimizer:
         return float(self.loss[None]), (c.v0.grad.to_numpy() if grad else None)
 
 
-def optimize(n: int = 12, duration: float = 1.5, iters: int = 30, lr: float = 0.2, decay: float = 0.93,
+def optimize(n: int = 12, duration: float = 0.6, iters: int = 30, lr: float = 0.2, decay: float = 0.93,
              target=TARGET, steps: int = 2000, stiffness: float = 2e4, progress: bool = True,
              result: dict | None = None, **cloth_kw) -> list[float]:
     """Learn the initial velocity field by Adam (NumPy) on the gradient through `steps` steps of
@@ -529,7 +529,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--opt-n", type=int, default=12, help="vertices per side when optimising (default 12)")
     p.add_argument("--steps", type=int, default=2000, help="time steps when optimising, updated in place and "
                    "differentiated with ti.ad.checkpoint (default 2000)")
-    p.add_argument("--duration", type=float, default=1.5, help="simulated seconds when optimising (default 1.5)")
+    p.add_argument("--duration", type=float, default=0.6, help="simulated seconds when optimising (default 0.6)")
     p.add_argument("--lr", type=float, default=0.2, help="Adam learning rate, m/s (default 0.2)")
     add_view_args(p, default_frames=8)
     return p.parse_args(argv)

@@ -605,3 +605,61 @@ def test_store_all_keeps_t_copies(steps):
     assert stats.recomputed_steps == steps
     want = _oscillator_reference(steps)
     np.testing.assert_allclose([gx, gv, gw], want, rtol=2e-3, atol=1e-4 * max(map(abs, want)))
+
+
+def test_an_accumulation_read_by_a_later_step_is_hidden_state():
+    """f[i] += ... without clearing f: its value carries every earlier step's terms."""
+    x, f, loss, push, remember, total = _two_kernel_step()
+
+    @ti.kernel
+    def gather():
+        for i in x:
+            f[i] += 0.5 * x[i]
+
+    def step(t):
+        gather()
+        push()
+
+    with pytest.raises(ti.WgpuAdError, match=r"field 'f' carries values from one step to the next but is not in "
+                                             r"state=: kernel 'gather' writes it in step 0 and kernel 'push' reads it "
+                                             r"in step 0 before the step writes it"):
+        with ti.ad.Tape(loss):
+            ti.ad.checkpoint(step, steps=3, state=[x])
+            total()
+
+
+def test_a_sum_over_the_steps_that_no_step_reads_is_fine():
+    """energy[None] += ... in every step, read only by the loss after the checkpoint: its gradient
+    reaches every step, and it holds the forward pass's sum after the tape."""
+    x, f, loss, push, remember, total = _two_kernel_step()
+    energy = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def decay():
+        for i in x:
+            x[i] = x[i] * 0.9
+
+    @ti.kernel
+    def measure():
+        for i in x:
+            energy[None] += x[i] * x[i]
+
+    @ti.kernel
+    def energy_loss():
+        loss[None] = energy[None]
+
+    def step(t):
+        decay()
+        measure()
+
+    x0 = np.array([0.5, -1.0, 2.0, 0.25])
+    x.from_numpy(x0.astype(np.float32))
+    with ti.ad.Tape(loss):
+        ti.ad.checkpoint(step, steps=6, state=[x], snapshots=1)
+        energy_loss()
+
+    def sim(xx):
+        return float(sum(((xx * 0.9 ** (t + 1)) ** 2).sum() for t in range(6)))
+
+    assert energy[None] == pytest.approx(sim(x0), rel=1e-5)
+    np.testing.assert_allclose(x.grad.to_numpy(), central_diff(sim, x0), rtol=1e-4)

@@ -135,14 +135,15 @@ class _Recorder:
         self.entries: list[_Entry] = []
         self._custom: _Entry | None = None
         self._read: set = set()      # record: ids of the fields read so far in this step
-        self._written: set = set()   # watch: ids of fields outside the state written in this step
+        self._stored: set = set()    # watch: ids of fields outside the state stored to in this step
 
     # ---- what the launcher calls ---------------------------------------------------------------
     def record(self, kernel, args: tuple) -> None:
-        reads, writes = self.run.accesses(kernel, args)
+        reads, stores, adds = self.run.accesses(kernel, args)
         if self.watch:
-            self.run.watch_launch(self, f"kernel '{kernel.__name__}'", reads, writes)
+            self.run.watch_launch(self, f"kernel '{kernel.__name__}'", reads, stores, adds)
             return
+        writes = stores + adds
         if self._custom is not None:  # the gradient function may read what the inner launches read
             self._read.update(map(id, reads))
         # what an earlier launch read (its adjoint needs it back); a kernel updating a field in
@@ -188,7 +189,7 @@ class _Recorder:
                 f"it after ti.ad.checkpoint returns; to log a value per step, store it from a kernel into a field "
                 f"indexed by the step (log[t] = ...) and read that after the tape")
         if self.watch:
-            self.run.watch_launch(self, f"Python-scope {what}", [], [obj])
+            self.run.watch_launch(self, f"Python-scope {what}", [], [obj], [])
         else:  # undone like a launch; its adjoint zeroes the gradient of what it overwrote
             undo = [(obj, self.run.clone(obj))] if id(obj) in self._read else []
             if self._custom is not None:
@@ -211,7 +212,7 @@ class _Run:
         self.state_ids = {id(f) for f in fields}
         self.saved: dict[int, list] = {}  # step -> copies of the state before it
         self.initial: list | None = None  # the state before step 0
-        self.final: list | None = None    # the state and the steps' other fields after the last step
+        self.final: tuple | None = None   # (copies, fields outside the state) at the backward pass's start
         self.written: dict[int, tuple] = {}  # fields outside the state the steps write: id -> (field, by, t)
         self.read_first: dict[int, tuple] = {}  # ... the steps read before writing them: id -> (field, by, t)
         self.seeds: list[int] | None = None  # each step's position in the random stream
@@ -265,30 +266,38 @@ class _Run:
             f._copy_from(c)
 
     # ---- what each launch touches --------------------------------------------------------------
-    def accesses(self, kernel, args) -> tuple[list, list]:
-        """(fields read, fields written) by a launch; cached for kernels whose arguments are all
-        scalars (the same fields whatever the values)."""
-        if getattr(kernel, "_scalar_only", False):
-            acc = self._accesses.get(kernel)
-            if acc is None:
-                acc = self._accesses[kernel] = kernel.accessed(*args)
-            return acc
-        return kernel.accessed(*args)
+    def accesses(self, kernel, args) -> tuple[list, list, list]:
+        """(fields read, stored to, accumulated into) by a launch (primal fields; atomic min / max
+        count as accumulations); cached for kernels whose arguments are all scalars (the same
+        fields whatever the values)."""
+        scalar = getattr(kernel, "_scalar_only", False)
+        acc = self._accesses.get(kernel) if scalar else None
+        if acc is None:
+            kinds: dict = {}
+            for obj, kind, _ in kernel.footprint(*args):
+                if not getattr(obj, "is_grad", False):
+                    kinds.setdefault(kind in ("load", "load_before") and "r" or kind == "store" and "s" or "a",
+                                     {})[id(obj)] = obj
+            acc = tuple(list(kinds.get(k, {}).values()) for k in "rsa")
+            if scalar:
+                self._accesses[kernel] = acc
+        return acc
 
-    def watch_launch(self, rec: _Recorder, who: str, reads, writes) -> None:
+    def watch_launch(self, rec: _Recorder, who: str, reads, stores, adds) -> None:
         """The forward pass: refuse a field outside the state that carries values from one step
-        into another (read before it is written in a step, and written by a step)."""
+        into another: read in a step before that step stores to it, after a step wrote (or
+        accumulated into) it, or the other way round."""
         t = rec.t
         for r in reads:
             i = id(r)
-            if i in self.state_ids or i in rec._written or i in self.read_first:
+            if i in self.state_ids or i in rec._stored or i in self.read_first:
                 continue
             if i in self.written:
                 _, by, tw = self.written[i]
                 self._hidden(r, f"{by} writes it in step {tw} and {who} reads it in step {t} before the step "
                                 f"writes it")
             self.read_first[i] = (r, who, t)
-        for w in writes:
+        for w in stores + adds:
             i = id(w)
             if i in self.state_ids:
                 continue
@@ -296,8 +305,8 @@ class _Run:
                 _, by, tr = self.read_first[i]
                 self._hidden(w, f"{by} reads it in step {tr} before the step writes it, and {who} writes it in "
                                 f"step {t}")
-            rec._written.add(i)
             self.written.setdefault(i, (w, who, t))
+        rec._stored.update(id(w) for w in stores)  # an accumulation keeps what was there before
 
     def _hidden(self, f, how: str) -> None:
         raise WgpuAdError(
@@ -364,13 +373,11 @@ class _Run:
             if t and keep_all and t % self.every == 0:
                 self.saved[t] = self._copy()
             seeds.append(rt.random_position)
-            rec.t, rec._written = t, set()
+            rec.t, rec._stored = t, set()
             with self._running(rec, copies=False):
                 self.step(t)
         if seeds and rt.random_position != seeds[0]:
             self.seeds = seeds  # the steps drew random numbers: rerun each from its own position
-        extra = [f for f, _, _ in self.written.values()]
-        self.final = (self._copy(self.fields + extra), extra)
 
     def grad(self) -> None:
         """The backward pass (the tape calls it in reverse order with the other entries)."""
@@ -382,6 +389,10 @@ class _Run:
         rt = get_runtime()
         position = rt.random_position
         initial = self.initial
+        # what the fields hold at the end of the forward pass (the kernels after the checkpoint
+        # included), put back by finish()
+        extra = [f for f, _, _ in self.written.values()]
+        self.final = (self._copy(self.fields + extra), extra)
         if self.steps:
             start = self._copy(initial)  # the first checkpoint, let go by the recursion
             if self.schedule == "bisect":
