@@ -351,7 +351,8 @@ def test_python_scope_writes_in_a_step_are_undone():
     np.testing.assert_allclose(x.grad.to_numpy(), central_diff(sim, x0), rtol=1e-3, atol=1e-5)
 
 
-def test_kernels_before_the_checkpoint_see_the_initial_state():
+@pytest.mark.parametrize("validation", [False, True])
+def test_kernels_before_the_checkpoint_see_the_initial_state(validation):
     """A kernel launched on the tape before the checkpoint reads the state: its gradient runs after
     the checkpoint's backward pass and needs the state from before step 0 (the fields hold the final
     state again once the tape is done)."""
@@ -368,7 +369,7 @@ def test_kernels_before_the_checkpoint_see_the_initial_state():
     x.from_numpy(x0.astype(np.float32))
     v.from_numpy(v0.astype(np.float32))
     k[None] = 20.0
-    with ti.ad.Tape(loss):
+    with ti.ad.Tape(loss, validation=validation):
         start_cost()
         ti.ad.checkpoint(step, steps=10, state=[x, v])
         total()

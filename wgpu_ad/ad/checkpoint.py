@@ -95,6 +95,8 @@ def checkpoint(step: Callable[[int], None], steps: int, state: list, snapshots: 
         for t in range(steps):
             step(t)
         return run.stats
+    if getattr(tape, "_validator", None) is not None:  # ti.ad.Tape(validation=True)
+        tape._validator.note_restore(fields)  # the launches before see the state as it is now
     tape.recording = False  # the steps are not recorded: the backward pass runs them again
     try:
         run.forward()
