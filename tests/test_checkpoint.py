@@ -1,6 +1,9 @@
-"""ti.ad.checkpoint (wgpu_ad/ad/checkpoint.py): an in-place simulation differentiated through
+"""ti.ad.checkpoint (wgpu_ad/ad/checkpoint.py): in-place simulations differentiated through
 recomputation. Every schedule's gradients against float64 central differences of the same
-integrator; the copies each schedule keeps (bisect: about log2 T; store_all: T + 1)."""
+integrator in NumPy (a mass-spring chain; a 6 x 6 cloth over 1000 steps); the copies each schedule
+keeps (revolve and bisect: about log2 T, up to T = 10000; store_all: T + 2); what would make a step
+run differently the second time (random numbers, hidden state, read-backs, Python-scope writes),
+with the refusals' messages asserted."""
 from __future__ import annotations
 
 import math
@@ -90,11 +93,10 @@ def test_gradients_through_a_checkpointed_in_place_simulation(schedule):
     assert stats.recomputed_steps >= steps
 
 
-@pytest.mark.parametrize("schedule", ["revolve", "bisect"])
-@pytest.mark.parametrize("steps", [100, 1000])
+@pytest.mark.parametrize("schedule", ["bisect"])
+@pytest.mark.parametrize("steps", [1000])
 def test_copies_grow_like_log_steps(steps, schedule):
-    """The copies held at once grow like log2(steps) for revolve (its default number of free
-    checkpoints) and bisect; revolve runs fewer steps again than bisect."""
+    """The copies held at once grow like log2(steps) for bisect (revolve: test_revolve_keeps_log_t_copies)."""
     x, v, k, loss, step, total = _chain(steps, schedule)
     x.from_numpy(np.linspace(0.1, 1.1, N).astype(np.float32))
     k[None] = 5.0
