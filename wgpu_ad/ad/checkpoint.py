@@ -70,8 +70,8 @@ def checkpoint(step: Callable[[int], None], steps: int, state: list, snapshots: 
                schedule: str = "revolve") -> CheckpointStats:
     """Run step(0), ..., step(steps - 1) and, inside ti.ad.Tape, differentiate them with bounded
     memory; returns a CheckpointStats (filled in by the backward pass). `snapshots`: how many
-    checkpoints to keep (revolve, bisect: free ones, default ceil(log2 steps); sqrt: default about
-    sqrt(steps)). Outside a tape it only runs the steps."""
+    checkpoints to keep (revolve: free ones, default ceil(log2 steps); sqrt: default about
+    sqrt(steps); bisect and store_all place their own). Outside a tape it only runs the steps."""
     if not callable(step):
         raise WgpuAdError(f"ti.ad.checkpoint: step must be a function of the step number, got {type(step).__name__}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
