@@ -98,6 +98,7 @@ def inplace(ti, p: dict, inp: dict):
         c = n // 2
         return float(loss[None]), float(np.asarray(v.grad[c, c])[0])
 
+    run.step = step  # for measuring the bare steps
     return run, result
 
 
