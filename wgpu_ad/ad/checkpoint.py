@@ -346,17 +346,18 @@ class _Run:
         place keep copies for their adjoints only when `copies`."""
         from ..lang import storage
         self._at = None
-        prev = (ad_state.current_tape, ad_state.in_backward, ad_state.keep_copies, storage.host_guard)
+        prev = (ad_state.current_tape, ad_state.in_backward, ad_state.keep_copies)
         if rec is None:
             ad_state.in_backward = True
         else:
             ad_state.current_tape, ad_state.in_backward = rec, False
-            storage.host_guard = rec.host
+        guard = storage.set_host_guard(rec.host if rec is not None else storage.host_guard)
         ad_state.keep_copies = copies
         try:
             yield
         finally:
-            ad_state.current_tape, ad_state.in_backward, ad_state.keep_copies, storage.host_guard = prev
+            ad_state.current_tape, ad_state.in_backward, ad_state.keep_copies = prev
+            storage.set_host_guard(guard)
 
     def _seek(self, t: int) -> None:
         if self.seeds is not None:

@@ -22,6 +22,14 @@ from ..runtime import device as _rt
 # runs (ad/checkpoint.py).
 host_guard = None
 
+
+def set_host_guard(guard):
+    """Install `guard` (None: none) as host_guard; returns the one it replaces."""
+    global host_guard
+    prev, host_guard = host_guard, guard
+    return prev
+
+
 # Every storage alive; reset() drops their buffers so GPU memory goes with the device.
 _live: "weakref.WeakSet[Storage]" = weakref.WeakSet()
 
