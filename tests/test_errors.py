@@ -99,10 +99,12 @@ def test_kernel_scope_variable_written_in_parallel_loop():
         s = 0.0
         s = 1.0
         for i in a:
-            s += a[i]
+            s = s + a[i]
 
-    assert _compile_error(k).splitlines()[0].startswith(
-        "kernel-scope variable 's' is assigned inside the parallel loop")
+    assert _compile_error(k).splitlines()[0] == (
+        "kernel-scope variable 's' is assigned inside the parallel loop; its iterations run at the same "
+        "time, so its value would be undefined. Accumulate with 's += ...' (an atomic reduction over the "
+        "iterations, as in Taichi) or into a field, or define 's' inside the loop")
 
 
 def test_missing_annotation_and_bad_argument():

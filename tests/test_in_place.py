@@ -149,3 +149,112 @@ def test_the_copies_are_reused_after_the_backward_pass():
         cube.grad()
         np.testing.assert_allclose(x.grad.to_numpy(), np.full(8, 3 * (0.5 + it) ** 2), rtol=1e-6)
     assert len(seen) == 1
+
+
+def test_a_thread_adds_to_its_own_element_from_its_value():
+    """v[i] += 0.5 * v[i]: an add to the thread's own element after reading it (no other thread
+    touches it, so it is a plain read-modify-write): loss = sum v^2 after it, dloss/dv0 = 2 * 1.5^2 v0."""
+    n = 8
+    v = ti.field(ti.f32, shape=n, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def grow():
+        for i in v:
+            v[i] += 0.5 * v[i]
+
+    @ti.kernel
+    def total():
+        for i in v:
+            loss[None] += v[i] * v[i]
+
+    v0 = np.arange(n, dtype=np.float32)
+    v.from_numpy(v0)
+    with ti.ad.Tape(loss):
+        grow()
+        total()
+    np.testing.assert_allclose(v.to_numpy(), 1.5 * v0)
+    np.testing.assert_allclose(v.grad.to_numpy(), 2 * 1.5 ** 2 * v0, rtol=1e-6)
+
+
+def test_an_integer_counter_updated_in_the_serial_loop():
+    """The seed's control-flow counter: sample[row] += 1 in the serial loop, its value read each
+    iteration (here as a running-mean weight): the replay needs the counter's value from before
+    the launch. Against central differences of the same recursion in float64."""
+    R, C = 4, 6
+    data = ti.field(ti.f32, shape=(R, C), needs_grad=True)
+    sample = ti.field(ti.i32, shape=R)
+    mean = ti.field(ti.f32, shape=R, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def running_mean():
+        for row in range(R):
+            for col in range(C):
+                w = 1.0 / (sample[row] + 1.0)
+                mean[row] = w * data[row, col] + (1 - w) * mean[row]
+                sample[row] += 1
+
+    @ti.kernel
+    def total():
+        for r in mean:
+            loss[None] += mean[r] ** 2
+
+    def ref(d):
+        m = np.zeros(R)
+        for c in range(C):
+            w = 1 / (c + 1)
+            m = w * d[:, c] + (1 - w) * m
+        return (m ** 2).sum()
+
+    d0 = np.random.default_rng(3).random((R, C)).astype(np.float32)
+    data.from_numpy(d0)
+    with ti.ad.Tape(loss):
+        running_mean()
+        total()
+    np.testing.assert_array_equal(sample.to_numpy(), np.full(R, C))
+    np.testing.assert_allclose(data.grad.to_numpy(), central_diff(ref, d0), rtol=1e-4, atol=1e-6)
+
+
+def test_the_seed_counter_indexed_ewma_as_written():
+    """Seed 003's calc_ewma_err, which Taichi flags as a data-access violation: the column comes
+    from a counter `sample[row] += 1` stepped once per iteration of the serial loop. The counter
+    is an induction variable (its value is affine in the loop index), so each element of ewma is
+    written once and read in a later iteration: the gradient is exact. Against central
+    differences of the EWMA in float64."""
+    R, C = 3, 5
+    data = ti.field(ti.f32, shape=(R, C), needs_grad=True)
+    ewma = ti.field(ti.f32, shape=(R, C), needs_grad=True)
+    sample = ti.field(ti.i32, shape=R)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def calc_ewma_err():
+        for row in range(R):
+            for col in range(C):
+                col_idx = sample[row]
+                if col_idx == 0:
+                    ewma[row, col_idx] = data[row, col_idx]
+                else:
+                    ewma[row, col_idx] = ewma[row, col_idx - 1] * 0.5 + data[row, col_idx] * 0.5
+                sample[row] += 1
+
+    @ti.kernel
+    def last_squared():
+        for r in range(R):
+            loss[None] += ewma[r, C - 1] ** 2
+
+    def ref(d):
+        e = d[:, 0].copy()
+        for c in range(1, C):
+            e = 0.5 * e + 0.5 * d[:, c]
+        return (e ** 2).sum()
+
+    d0 = np.random.default_rng(4).random((R, C)).astype(np.float32)
+    data.from_numpy(d0)
+    with ti.ad.Tape(loss):
+        calc_ewma_err()
+        last_squared()
+    assert loss[None] == pytest.approx(ref(d0.astype(np.float64)), rel=1e-5)
+    np.testing.assert_array_equal(sample.to_numpy(), np.full(R, C))
+    np.testing.assert_allclose(data.grad.to_numpy(), central_diff(ref, d0), rtol=1e-4, atol=1e-6)

@@ -16,7 +16,7 @@ from wgpu_ad.ir.interpreter import run_kernel
 from wgpu_ad.ir.nodes import ArgSlot, Block, Buffer, Kernel, Task
 from wgpu_ad.ir.ops import AtomicKind, GroupOp, Op
 from wgpu_ad.ir.semantics import SEMANTICS, evaluate
-from wgpu_ad.ir.verifier import verify
+from wgpu_ad.ir.verifier import VerifyError, verify
 from wgpu_ad.types import f32, i32, u1, u32
 
 IMIN, IMAX = -2**31, 2**31 - 1
@@ -519,6 +519,23 @@ def test_assert_message_and_passing_assert():
     with pytest.raises(KernelRuntimeError) as e:
         run_kernel(k, [np.array([2.1], np.float32)], [])
     assert str(e.value) == "x = 2.1 is too big (limit {1}, n=3)"
+
+
+def test_print_writes_its_line_with_python_formatting():
+    x = Buffer("x", f32, None)
+    k, b, t = range_kernel(0, 3, x)
+    i = b.loop_index(t)
+    v = load(b, x, i)
+    line = plan.Print(("x[", plan.PrintValue("i32"), "] = ", plan.PrintValue("f32"), " ", plan.PrintValue("f32", ".2f"),
+                       " ", plan.PrintValue("u1"), "\n"))
+    b.emit(Op.PRINT, [i, v, v, b.lt(v, b.const(0.5, f32))], None, line)
+    verify(k)
+    out: list[str] = []
+    run_kernel(k, [np.array([0.1, 1 / 3, 2.0], np.float32)], [], out=out.append)
+    assert out == ["x[0] = 0.1 0.10 True\n", "x[1] = 0.33333334 0.33 True\n", "x[2] = 2.0 2.00 False\n"]
+    b.emit(Op.PRINT, [i], None, line)  # fewer values than the line has
+    with pytest.raises(VerifyError, match="print has 1 values for the 4 of its line"):
+        verify(k)
 
 
 def test_out_of_range_index_names_the_buffer():

@@ -200,6 +200,8 @@ class Renderer:
         """Draw the frame into the offscreen target (after every kernel launched so far)."""
         self.check_alive()
         self.rt.flush()  # kernels recorded but not submitted yet must run before we read their buffers
+        if self.rt.prints.launches:
+            self.rt.sync()  # kernels printed: their lines come out once a frame (a wait only then)
         dev, queue = self.device, self.device.queue
         storage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST
         data = frame.up.data

@@ -32,7 +32,18 @@ from .types import f16, f32, float16, float32, i32, int32, u32, uint32
 
 
 def init(arch=None, debug: bool = False, **kwargs):
-    """Choose the adapter and create the device (Taichi's ti.init). Calling it again resets."""
+    """Choose the adapter and create the device (Taichi's ti.init). Calling it again resets.
+
+    Args:
+        arch: `ti.vulkan`, `ti.metal`, `ti.dx12`, `ti.cpu` or `ti.gpu` (`ti.cuda` and `ti.amdgpu`
+            mean the best adapter, like `ti.gpu`); None: the best adapter. The environment
+            variable `WGPU_AD_ARCH` overrides it.
+        debug: check every field index and `assert` in kernels (errors are raised at the next
+            read-back), and verify the IR between compiler passes.
+        **kwargs: `random_seed=0`, `force_emulated_atomics=False`, `offline_cache=True`,
+            `offline_cache_file_path=None`, `ad_stack_size=256` (0: let wgpu_ad choose),
+            `print_ir=False`, `print_wgsl=False`.
+    """
     from . import runtime
     from .compiler import options
     from .lang.kernel import clear_kernel_caches

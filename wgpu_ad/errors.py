@@ -58,6 +58,19 @@ class KernelAssertionError(KernelRuntimeError, AssertionError):
     """An `assert` in a kernel failed (debug mode: ti.init(debug=True))."""
 
 
+class GradientNaNError(KernelRuntimeError, FloatingPointError):
+    """The backward pass produced a NaN or infinite gradient (the check of ti.init(debug=True) or
+    ti.ad.Tape(check_nan=True)); the message names the kernel, the element and the operation whose
+    derivative is not finite (wgpu_ad/nan_check.py). Attributes: kernel, field, index (the
+    element's index and component indices, or None), value, op (the operation's name, or None)
+    and line (its source line, or None)."""
+
+    def __init__(self, message: str, *, kernel: str = "", field: str = "", index: tuple | None = None,
+                 value: float = float("nan"), op: str | None = None, line: int | None = None):
+        super().__init__(message)
+        self.kernel, self.field, self.index, self.value, self.op, self.line = kernel, field, index, value, op, line
+
+
 def debug_enabled() -> bool:
     """WGPU_AD_DEBUG_COMPILER=1 shows compiler internals in tracebacks."""
     return os.environ.get("WGPU_AD_DEBUG_COMPILER", "") not in ("", "0")

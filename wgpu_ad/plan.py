@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+import numpy as np
+
 
 # ---- uniform words -----------------------------------------------------------------------------
 
@@ -57,14 +59,20 @@ class StackCapacity:
     end: "Expr"
 
 
-Word = Union[Scalar, Component, Extent, Seed, StackCapacity]
+@dataclass(frozen=True)
+class PrintTag:
+    """Which launch the print() records of a kernel belong to (Runtime.print_tag; MUTED: this
+    launch prints nothing, as when a checkpointed step runs again in the backward pass)."""
+
+
+Word = Union[Scalar, Component, Extent, Seed, StackCapacity, PrintTag]
 
 
 def word_dtype(w: Word) -> str:
     """The WGSL scalar type of a word: 'f32', 'i32' or 'u32'."""
     if isinstance(w, (Scalar, Component)):
         return {"u1": "u32", "f16": "f32"}.get(w.dtype, w.dtype)
-    return "u32" if isinstance(w, Seed) else "i32"
+    return "u32" if isinstance(w, (Seed, PrintTag)) else "i32"
 
 
 # ---- buffer sources ----------------------------------------------------------------------------
@@ -101,7 +109,78 @@ class Snapshot:
     index: int
 
 
-Source = Union[Field, FieldGrad, Arg, ArgGrad, Snapshot]
+@dataclass(frozen=True)
+class Scratch:
+    """Hidden storage of the kernel itself: entry `index` of the scratch buffers (`count`
+    scalars of `dtype` each) that a launch gets last, after the call's arguments and any
+    snapshots: the sum of a kernel-scope variable reduced across a parallel loop
+    (frontend/kernel.py Scratch). One per forward launch, which its adjoint reads again."""
+    index: int
+    dtype: str
+    count: int
+
+
+@dataclass(frozen=True)
+class ScratchGrad:
+    """The gradient of scratch buffer `index` (zero when its adjoint launch starts)."""
+    index: int
+
+
+Source = Union[Field, FieldGrad, Arg, ArgGrad, Snapshot, Scratch, ScratchGrad]
+
+
+# ---- print() in kernels -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PrintValue:
+    """A value of a print() line, formatted on the host: dtype 'f32', 'f16', 'i32', 'u32' or 'u1'
+    (the bits of its record word), with a Python format spec and conversion ('', 'r', 's', 'a')
+    from an f-string or str.format()."""
+    dtype: str
+    spec: str = ""
+    conversion: str = ""
+
+    def format(self, v) -> str:
+        if self.dtype in ("f32", "f16"):
+            # floats print as the shortest decimal that reads back as the same float32 (f16),
+            # in Python's repr style (0.1, not 0.10000000149011612); a format spec formats the
+            # exact value, as Python formats a NumPy float32
+            x = float(v)
+            short = float(str(np.float16(x) if self.dtype == "f16" else np.float32(x)))
+            if self.conversion:
+                return format(_CONVERSIONS[self.conversion](short), self.spec)
+            return format(x, self.spec) if self.spec else repr(short)
+        py = bool(v) if self.dtype == "u1" else int(v)
+        if self.conversion:
+            return format(_CONVERSIONS[self.conversion](py), self.spec)
+        return format(py, self.spec)
+
+
+_CONVERSIONS = {"r": repr, "s": str, "a": ascii}
+
+
+@dataclass(frozen=True)
+class Print:
+    """One print() of a kernel: its line as text pieces (str) and PrintValues in order (the
+    end= text included); `where`: its file:line, for messages."""
+    parts: tuple
+    where: str = ""
+
+    @property
+    def values(self) -> tuple:
+        return tuple(p for p in self.parts if isinstance(p, PrintValue))
+
+    @property
+    def template(self) -> str:
+        """The line as a Python format string ("x = {:.3f}\n"), for the IR printer."""
+        return "".join(p.replace("{", "{{").replace("}", "}}") if isinstance(p, str) else
+                       "{" + (f"!{p.conversion}" if p.conversion else "") + (f":{p.spec}" if p.spec else "") + "}"
+                       for p in self.parts)
+
+    def format(self, values) -> str:
+        """The text of the line for these values (one per PrintValue, in order)."""
+        it = iter(values)
+        return "".join(p if isinstance(p, str) else p.format(next(it)) for p in self.parts)
 
 
 # ---- the plan ----------------------------------------------------------------------------------
@@ -141,6 +220,8 @@ class LaunchPlan:
     zero_stores: tuple = ()         # adjoints: buffer positions of zero-store candidates
     fused: tuple | None = None      # fused adjoints: buffer positions by kind (fuse.py)
     snapshots: tuple = ()           # forward kernels: sources to copy before a launch (promote.py)
+    scratch: tuple = ()             # the kernel's Scratch sources, by index (forward and adjoint)
+    prints: tuple = ()              # Print per print() of the kernel: record k of a launch is prints[k]
 
     @property
     def uses_random(self) -> bool:

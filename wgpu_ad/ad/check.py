@@ -24,21 +24,28 @@ def check_grad(forward: Callable[[], None], loss, inputs, *, eps: float | None =
                raise_on_fail: bool = True) -> GradCheckReport:
     """Check the gradients of `loss` with respect to `inputs` against central differences.
 
-    forward: a function with no arguments that launches the kernels computing `loss` (a 0-d
-        float field with needs_grad=True) from `inputs` (fields / ndarrays with needs_grad=True).
-        It is run once under a ti.ad.Tape and then four times per checked element (steps h and
-        2h); it need not reset the loss (the fields its kernels write are restored before each
-        run) but must not overwrite the inputs.
-    eps: the finite-difference step h (default ~5e-3 * max(1, |x|) per element).
-    rtol, atol: an element passes when |analytic - numeric| <= atol + |n(h) - n(2h)| +
-        rtol * max(|a|, |n|); atol defaults to the loss's rounding noise over the step.
-    max_elements: check at most this many elements per input (a random subset, seeded by
-        `seed`), plus one random direction through all elements when some are left out.
-    raise_on_fail: raise GradCheckError naming the field and its worst element (default), or
-        return the report with report.ok False.
-
     Clears all gradients (like ti.ad.Tape) and leaves the inputs' .grad holding the analytic
     gradients.
+
+    Args:
+        forward: a function with no arguments that launches the kernels computing `loss` from
+            `inputs`. It is run once under a ti.ad.Tape and then four times per checked element
+            (steps h and 2h); it need not reset the loss (the fields its kernels write are
+            restored before each run) but must not overwrite the inputs.
+        loss: a 0-d float field with needs_grad=True.
+        inputs: a field or ndarray, or a list of them, with needs_grad=True.
+        eps: the finite-difference step h (default ~5e-3 * max(1, |x|) per element).
+        rtol: an element passes when |analytic - numeric| <= atol + |n(h) - n(2h)| +
+            rtol * max(|a|, |n|).
+        atol: see rtol; defaults to the loss's rounding noise over the step.
+        max_elements: check at most this many elements per input (a random subset, seeded by
+            `seed`), plus one random direction through all elements when some are left out.
+        seed: the seed of the random subset and direction.
+        raise_on_fail: raise GradCheckError naming the field and its worst element (default), or
+            return the report with report.ok False.
+
+    Returns:
+        A GradCheckReport (str() gives a summary).
     """
     inputs = _as_list(inputs)
     if not callable(forward):

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import WgpuAdError
+from ..runtime.device import get_runtime
 from . import state as ad_state
 from .naming import describe
 
@@ -361,12 +362,10 @@ class _Run:
 
     def _seek(self, t: int) -> None:
         if self.seeds is not None:
-            from ..runtime.device import get_runtime
             get_runtime().random_position = self.seeds[t]
 
     # ---- the passes --------------------------------------------------------------------------
     def forward(self) -> None:
-        from ..runtime.device import get_runtime
         rt = get_runtime()
         keep_all = self.schedule in ("sqrt", "store_all")
         seeds = []
@@ -383,12 +382,16 @@ class _Run:
             self.seeds = seeds  # the steps drew random numbers: rerun each from its own position
 
     def grad(self) -> None:
-        """The backward pass (the tape calls it in reverse order with the other entries)."""
+        """The backward pass (the tape calls it in reverse order with the other entries). The
+        steps run again here print nothing: their lines were printed by the forward pass."""
         if self.done:
             raise WgpuAdError("ti.ad.checkpoint: the backward pass of this checkpointed run already ran (its "
                               "checkpoints are gone); record the run again for another backward pass")
         self.done = True
-        from ..runtime.device import get_runtime
+        with get_runtime().mute_prints():
+            self._grad()
+
+    def _grad(self) -> None:
         rt = get_runtime()
         position = rt.random_position
         initial = self.initial

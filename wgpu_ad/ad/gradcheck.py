@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import WgpuAdError
+from ..runtime.device import get_runtime
 from .naming import name_of
 
 EPS_F32 = float(np.finfo(np.float32).eps)
@@ -157,11 +158,30 @@ class GradCheckReport:
         return "\n".join(lines)
 
 
+def _not_finite(v: float) -> str:
+    return "NaN" if math.isnan(v) else "inf" if v > 0 else "-inf"
+
+
 def _failure_message(report: GradCheckReport) -> str:
     w = report.worst
     f = next(f for f in report.fields if w in f.elements)
     n_bad = sum(e.index is not None for e in f.failures)
     n = sum(e.index is not None for e in f.elements)
+    where = w.where()
+    if not math.isfinite(w.analytic):
+        nonfinite = sum(not math.isfinite(e.analytic) for e in f.elements)
+        return (f"gradient check failed for field '{f.field}': the analytic gradient of {where} is "
+                f"{_not_finite(w.analytic)} ({f.field}.grad; central differences give {w.numeric:.6g}); "
+                f"{nonfinite} of the {len(f.elements)} checks found a NaN or infinite gradient. A derivative in the "
+                f"backward pass is not finite there (sqrt or log at 0, a division by zero, pow with a "
+                f"negative base, 0 * inf) or the forward values already are: run the backward pass with "
+                f"ti.ad.Tape(loss, check_nan=True) (or ti.init(debug=True)) to be told the kernel, the element "
+                f"and the operation")
+    if not math.isfinite(w.numeric):
+        return (f"gradient check failed for field '{f.field}': the loss is {_not_finite(w.numeric)} near "
+                f"{where} (central differences give {w.numeric:.6g}, the analytic gradient is "
+                f"{w.analytic:.6g}): the forward pass is not finite at the perturbed values; check the inputs "
+                f"and the step (eps=...)")
     if w.index is None:
         head = (f"gradient check failed for field '{f.field}': along a random direction through all "
                 f"{f.total} elements, the gradient predicts a loss change of {w.analytic:.6g} but the loss "
@@ -299,13 +319,14 @@ def run_check(start: Snapshot, loss, inputs: Sequence, replay: Callable[[], None
     inputs = [x for x in inputs if x is not loss]
     posts = [np.array(x.to_numpy(), copy=True) for x in inputs]
     fields = []
-    try:
-        for x, post in zip(inputs, posts):
-            start.restore()
-            fields.append(_check_field(x, post, loss, start, replay, eps, rtol, atol, max_elements, rng))
-    finally:
-        start.restore()  # leave the fields as one forward run leaves them
-        replay()
+    with get_runtime().mute_prints():  # the forward ran (and printed) once already
+        try:
+            for x, post in zip(inputs, posts):
+                start.restore()
+                fields.append(_check_field(x, post, loss, start, replay, eps, rtol, atol, max_elements, rng))
+        finally:
+            start.restore()  # leave the fields as one forward run leaves them
+            replay()
     report = GradCheckReport(fields, rtol)
     if raise_on_fail and not report.ok:
         raise GradCheckError(_failure_message(report), report)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 current_tape = None   # the ti.ad.Tape inside whose `with` block we are, or None
 in_backward = False   # True while a tape runs gradient functions: their launches are not recorded
+check_nan = False     # True while a ti.ad.Tape(check_nan=True) runs them: adjoints check their gradients
 # False while ti.ad.checkpoint runs steps whose adjoints will not run (its forward pass and its
 # recomputation): kernels that update fields in place then keep no copy for their adjoint
 keep_copies = True

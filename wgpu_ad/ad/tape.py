@@ -101,22 +101,27 @@ class TapeEntry:
 class Tape:
     """Reverse-mode autodiff over the kernel launches in a `with` block (Taichi's ti.ad.Tape).
 
-    loss: a 0-d float field with a gradient (needs_grad=True or ti.root.lazy_grad()). It is set to
-        0 when the tape is entered; on exit its gradient is set to 1 and the recorded kernels'
-        gradients run in reverse order. With loss=None nothing runs on exit: seed the outputs'
-        .grad yourself and call tape.grad().
-    clear_gradients: zero every gradient when the tape is entered (Taichi's behaviour).
-    validation: check, before the backward pass, Taichi's global data access rules across the
-        kernels of the tape (nothing read is overwritten later; a written element is only
-        accumulated into afterwards): breaking them gives silently wrong gradients. Costs a copy
-        of the fields each kernel touches (see validate.py).
-    grad_check: fields (or ndarrays) whose gradients are checked against central differences
-        after the backward pass, by replaying the recorded launches; raises GradCheckError naming
-        the worst element when they disagree. Python-scope writes inside the block are not replayed.
+    Args:
+        loss: a 0-d float field with a gradient (needs_grad=True or ti.root.lazy_grad()). It is
+            set to 0 when the tape is entered; on exit its gradient is set to 1 and the recorded
+            kernels' gradients run in reverse order. With loss=None nothing runs on exit: seed the
+            outputs' .grad yourself and call tape.grad().
+        clear_gradients: zero every gradient when the tape is entered (Taichi's behaviour).
+        validation: check, before the backward pass, Taichi's global data access rules across
+            the kernels of the tape (nothing read is overwritten later; a written element is only
+            accumulated into afterwards): breaking them gives silently wrong gradients. Costs a
+            copy of the fields each kernel touches (see validate.py).
+        grad_check: fields (or ndarrays) whose gradients are checked against central differences
+            after the backward pass, by replaying the recorded launches; raises GradCheckError
+            naming the worst element when they disagree. Python-scope writes inside the block are
+            not replayed.
+        check_nan: the adjoints of the backward pass check every gradient they write and raise
+            ti.ad.GradientNaNError at the first NaN or inf, naming the kernel, the element and the
+            operation whose derivative made it (on for every adjoint with ti.init(debug=True)).
     """
 
     def __init__(self, loss=None, clear_gradients: bool = True, validation: bool = False,
-                 grad_check=None):
+                 grad_check=None, check_nan: bool = False):
         if loss is not None and not _is_storage(loss):
             raise WgpuAdError(f"ti.ad.Tape(loss=...): expected a 0-d field with needs_grad=True, got "
                               f"{type(loss).__name__}")
@@ -132,6 +137,7 @@ class Tape:
         self.clear_gradients = bool(clear_gradients)
         self.validation = bool(validation)
         self.grad_check = list(grad_check) if grad_check else None
+        self.check_nan = bool(check_nan)
         self.entries: list[TapeEntry] = []
         self.entered = False
         self.recording = False
@@ -328,8 +334,8 @@ class Tape:
         # else the backward pass launches it, fused with its adjoint if it can
         if self.loss is not None:
             self.loss.grad.fill(1)
-        prev = state.in_backward
-        state.in_backward = True
+        prev = state.in_backward, state.check_nan
+        state.in_backward, state.check_nan = True, self.check_nan or prev[1]
         try:
             for e in reversed(self.entries):
                 if held is not None and e is held.entry:
@@ -340,7 +346,7 @@ class Tape:
                     continue
                 e.backward()
         finally:
-            state.in_backward = prev
+            state.in_backward, state.check_nan = prev
             for fn in self._after_backward:
                 fn()
         if self.grad_check:
@@ -352,13 +358,13 @@ class Tape:
         ask one forward pass for several backward passes). The caller seeds and zeroes gradients."""
         if not self.gradient_evaluated:
             raise WgpuAdError("tape.grad_again(): call tape.grad() first")
-        prev = state.in_backward
-        state.in_backward = True
+        prev = state.in_backward, state.check_nan
+        state.in_backward, state.check_nan = True, self.check_nan or prev[1]
         try:
             for e in reversed(self.entries):
                 e.backward()
         finally:
-            state.in_backward = prev
+            state.in_backward, state.check_nan = prev
 
     def replay(self) -> None:
         """Run the recorded entries forward again, in order (not recorded anywhere)."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import WgpuAdError
+from ..runtime.device import get_runtime
 from . import state
 from .naming import describe, name_of
 
@@ -150,7 +151,8 @@ class Validator:
         prev = state.in_backward
         state.in_backward = True  # not recorded anywhere
         try:
-            k.entry.forward()
+            with get_runtime().mute_prints():  # a check, not the program: no lines printed twice
+                k.entry.forward()
             again = _copy(k.writes)
         finally:
             state.in_backward = prev

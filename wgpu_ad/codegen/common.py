@@ -9,6 +9,7 @@ from .. import shaders
 from ..errors import CompileError
 from ..ir.nodes import Buffer, Kernel, Stmt, Task, walk_task
 from ..ir.ops import AtomicKind, Op
+from ..nan_check import GradCheck
 from .names import identifiers
 from ..types import f32, i32, u32
 from .ops_table import ALU, MATH_HELPERS
@@ -27,6 +28,7 @@ SUBGROUP_KINDS = frozenset({AtomicKind.ADD, AtomicKind.SUB})  # sums of a subgro
 # module-scope names of the generated code; user names never take them
 ARGS_VAR, ARGS_STRUCT, ERR_VAR, RET_VAR = "args", "Args", "error_words", "ret_value"
 STACK_VAR = "ad_stacks"  # the runtime's scratch buffer for autodiff stacks
+PRINT_VAR = "print_words"  # the runtime's print buffer (shaders/print.wgsl)
 RNG_NAMES = ("rng_state", "rng_permute", "rng_hash", "rng_seed", "rand_u32", "rand_f32")
 MAIN_LOCALS = ("wg_id", "n_wg", "lid", "thread_id", "num_threads", "range_begin", "range_end",
                "range_count", "iter")
@@ -34,10 +36,11 @@ MAIN_LOCALS = ("wg_id", "n_wg", "lid", "thread_id", "num_threads", "range_begin"
 
 @lru_cache(maxsize=1)
 def _fixed_names() -> frozenset[str]:
-    names = {"main", ARGS_VAR, ARGS_STRUCT, ERR_VAR, RET_VAR, STACK_VAR, "stack_base", "report_error", *RNG_NAMES,
+    names = {"main", ARGS_VAR, ARGS_STRUCT, ERR_VAR, RET_VAR, STACK_VAR, PRINT_VAR, "stack_base", "report_error",
+             "print_reserve", *RNG_NAMES,
              *MATH_HELPERS, *MAIN_LOCALS}
     # helpers that name a buffer variable must not have it shadowed by one of their locals
-    for file in ("atomics", "assert"):
+    for file in ("atomics", "assert"):  # (print_reserve names no buffer but print_words)
         for body in shaders.snippets(file).values():
             names |= identifiers(body)
     return frozenset(names)
@@ -73,6 +76,12 @@ class BufferUse:
             return "atomic" if native else "cas"
         raise CompileError(f"atomic operations on {buf.dtype} buffer {buf.name!r} are not supported "
                            f"(only f32, i32 and u32)")
+
+
+def kept_assert(s: Stmt, debug: bool) -> bool:
+    """Whether an ASSERT is compiled: the user's and the index checks in debug mode, the gradient
+    checks of check_nan (nan_check.GradCheck, only in adjoints compiled with it) always."""
+    return debug or isinstance(s.attr, GradCheck)
 
 
 def _fail(s: Stmt, why: str):

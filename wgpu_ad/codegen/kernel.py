@@ -6,21 +6,23 @@ from .. import plan
 from ..ir.nodes import ArgSlot, Kernel, walk_task
 from ..ir.ops import Op
 from ..runtime.compiled import CompiledKernel, CompiledTask
-from ..types import f16
+from ..types import f16, u32
 from .ops_table import word_dtype
 from .plan import stack_words, task_plan, words_of
-from .common import DEFAULT_GRID_CAP, Options, arg_words
+from ..nan_check import GradCheck
+from .common import DEFAULT_GRID_CAP, Options, arg_words, kept_assert
 from .wgsl import TaskEmitter
 
 
 def _assert_codes(kernel: Kernel, debug: bool) -> tuple[dict[int, int], list[tuple[str, list]], list[str]]:
-    """Error codes: ASSERTs (debug mode only) and autodiff stack overflows (always), with their kinds."""
+    """Error codes: ASSERTs (debug mode only; the gradient checks of check_nan always) and autodiff
+    stack overflows (always), with their kinds."""
     codes, table, kinds = {}, [], []
     for t in kernel.tasks:
         for s in walk_task(t):
-            if s.op is Op.ASSERT and debug:
+            if s.op is Op.ASSERT and kept_assert(s, debug):
                 table.append((s.attr, [word_dtype(v.dtype) if v.dtype == f16 else v.dtype for v in s.args[1:]]))
-                kinds.append("assert")
+                kinds.append("nan" if isinstance(s.attr, GradCheck) else "assert")
                 codes[id(s)] = len(table)   # 1 + position; 0 means "no error"
             elif s.op is Op.STACK_PUSH:
                 cap = s.args[0].attr
@@ -35,6 +37,20 @@ def _assert_codes(kernel: Kernel, debug: bool) -> tuple[dict[int, int], list[tup
                 codes[id(s)] = len(table)
                 kinds.append("stack")
     return codes, table, kinds
+
+
+def _print_codes(kernel: Kernel) -> tuple[dict[int, int], tuple]:
+    """Every PRINT's index (its records carry it) and the plan.Print records in that order; a
+    kernel that prints gets the uniform word of its launch's print tag (plan.PrintTag)."""
+    codes, table = {}, []
+    for t in kernel.tasks:
+        for s in walk_task(t):
+            if s.op is Op.PRINT:
+                codes[id(s)] = len(table)
+                table.append(s.attr)
+    if table and not any(isinstance(a.role, plan.PrintTag) for a in kernel.args):
+        kernel.args.append(ArgSlot("print_tag", u32, len(kernel.args), plan.PrintTag()))
+    return codes, tuple(table)
 
 
 def generate(kernel: Kernel, *, float_atomics: bool, debug: bool, workgroup_size: int = 128,
@@ -54,16 +70,17 @@ def generate(kernel: Kernel, *, float_atomics: bool, debug: bool, workgroup_size
     opts = Options(float_atomics, debug, workgroup_size, subgroups, grid_cap, loop_check)
     stack_words(kernel)  # stacks sized at launch read their capacity from the uniform block
     codes, table, kinds = _assert_codes(kernel, debug)
+    print_codes, prints = _print_codes(kernel)
     tasks, plans, checked = [], [], False
     for k, task in enumerate(kernel.tasks):
-        em = TaskEmitter(kernel, task, k, opts, codes)
+        em = TaskEmitter(kernel, task, k, opts, codes, print_codes)
         wgsl, bindings = em.module()
         checked |= em.checks_loops
         tasks.append(CompiledTask(name=task.name or f"{kernel.name}_t{k}", wgsl=wgsl, entry_point="main",
                                   workgroup_size=em.wg, bindings=bindings, serial=em.serial))
         plans.append(task_plan(task, em.serial, em.wg, em.stack_caps, em.one_pass))
     launch_plan = plan.LaunchPlan(words=words_of(kernel), buffers=tuple(b.source for b in kernel.buffers),
-                                  tasks=tuple(plans), grid_cap=grid_cap or DEFAULT_GRID_CAP)
+                                  tasks=tuple(plans), grid_cap=grid_cap or DEFAULT_GRID_CAP, prints=prints)
     return CompiledKernel(name=kernel.name, tasks=tasks, arg_words=arg_words(kernel), plan=launch_plan,
                           ret_dtype=kernel.ret, asserts=table, loop_check=checked, assert_kinds=kinds)
 

@@ -15,8 +15,9 @@ from ..ir.utils import jumps_to_loop
 from ..runtime.compiled import ERROR_WORDS, LOOP_LIMIT_WORD, BindingSpec
 from .. import shaders
 from ..types import DType, f16, f32, i32, u1, u32
-from .common import (ARGS_STRUCT, ARGS_VAR, ATOMIC_FN, CAS_COMBINE, ERR_VAR, INDENT, RET_VAR, STACK_VAR,
-                     SUBGROUP_KINDS, BufferUse, Options, _arg_words, _fail, _fixed_names, _thread_uniform)
+from .common import (ARGS_STRUCT, ARGS_VAR, ATOMIC_FN, CAS_COMBINE, ERR_VAR, INDENT, PRINT_VAR, RET_VAR, STACK_VAR,
+                     SUBGROUP_KINDS, BufferUse, Options, _arg_words, _fail, _fixed_names, _thread_uniform,
+                     kept_assert)
 from .names import Namer, identifiers
 from .ops_table import ALU, MATH_HELPERS, convert, from_bits, literal, spell, to_bits, word_dtype, zero
 from .vectors import element_component, unused_addresses, vector_hint, vector_views
@@ -25,9 +26,10 @@ class TaskEmitter:
     """Writes the WGSL module of one task."""
 
     def __init__(self, kernel: Kernel, task: Task, index: int, opts: Options,
-                 assert_codes: dict[int, int]):
+                 assert_codes: dict[int, int], print_codes: dict[int, int] | None = None):
         self.kernel, self.task, self.task_index, self.opts = kernel, task, index, opts
         self.assert_codes = assert_codes
+        self.print_codes = print_codes or {}  # id(PRINT stmt) -> its index in the plan's prints
         self.serial = task.kind == "serial"
         self.wg = 1 if self.serial else int(task.block_dim or opts.workgroup_size)
         if not 1 <= self.wg <= 1024:
@@ -37,6 +39,7 @@ class TaskEmitter:
         self.used_ids: set[int] = set()
         self.uses: dict[int, BufferUse] = {}
         self.uses_args = self.uses_random = self.has_return = self.has_assert = self.uses_f16 = False
+        self.has_print = False
         self.stacks: list[Stmt] = []   # autodiff stacks, declared once at the top of main
         self.stack_offset: dict[int, str] = {}
         self.stack_caps: list = []     # per stack: its capacity (int, or the ArgSlot read at launch)
@@ -92,10 +95,12 @@ class TaskEmitter:
                 self.uses_random = self.uses_args = True
             elif s.op is Op.RETURN:
                 self.has_return = True
-            elif s.op is Op.ASSERT and self.opts.debug or s.op is Op.STACK_PUSH:
+            elif s.op is Op.ASSERT and kept_assert(s, self.opts.debug) or s.op is Op.STACK_PUSH:
                 self.has_assert = True  # stack overflow reports through the error buffer too
             elif s.op is Op.STACK_ALLOC:
                 self.stacks.append(s)
+            elif s.op is Op.PRINT:
+                self.has_print = self.uses_args = True  # the launch's print tag is a uniform word
             elif s.op is Op.WG_SUM:
                 self.wg_sums.append(s)
             elif s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC):
@@ -263,8 +268,10 @@ class TaskEmitter:
             self.line(d, f"{RET_VAR}[0] = {value};")
             self.line(d, "return;")
         elif op is Op.ASSERT:
-            if self.opts.debug:
+            if kept_assert(s, self.opts.debug):
                 self.assert_(s, d)
+        elif op is Op.PRINT:
+            self.print_(s, d)
         elif op is Op.WG_SUM:
             self.wg_sum(s, d)
         elif op is Op.WG_LEADER:
@@ -285,6 +292,21 @@ class TaskEmitter:
             self.let(s, from_bits(self.stack_slot(s.args[0]), s.dtype), d)
         else:
             _fail(s, f"no WGSL for op {op.name}")
+
+    def print_(self, s: Stmt, d: int) -> None:
+        """One record in the print buffer: the launch's tag, which print it is, the values' bits."""
+        tag = next((a for a in self.kernel.args if isinstance(a.role, plan.PrintTag)), None)
+        if tag is None:
+            _fail(s, "a print() but no print tag word in the uniform block")
+        at = self.names.fresh("print_at")
+        self.line(d, f"let {at} = print_reserve({self.arg_expr(tag)}, {2 + len(s.args)}u);  "
+                     f"// print() at {s.attr.where}")
+        self.line(d, f"if {at} != 0xffffffffu {{")
+        words = [self.arg_expr(tag), f"{self.print_codes[id(s)]}u"]
+        words += [to_bits(self.ref(a), a.dtype) for a in s.args]
+        for k, w in enumerate(words):
+            self.line(d + 1, f"atomicStore(&{PRINT_VAR}[{at}{f' + {k}u' if k else ''}], {w});")
+        self.line(d, "}")
 
     def wg_sum(self, s: Stmt, d: int) -> None:
         """Tree sum over the workgroup in shared memory (every thread gets the total)."""
@@ -559,6 +581,8 @@ class TaskEmitter:
             bind("error", f"var<storage, read_write> {ERR_VAR}: array<atomic<u32>>;")
         if self.stacks:
             bind("stack", f"var<storage, read_write> {STACK_VAR}: array<u32>;  // autodiff stacks")
+        if self.has_print:
+            bind("print", f"var<storage, read_write> {PRINT_VAR}: array<atomic<u32>>;  // print() records")
         for s in self.wg_sums:
             head.append(f"var<workgroup> {self.wg_arrays[id(s)]}: array<{s.dtype.wgsl}, {self.wg}>;")
         helpers = self._helpers("\n".join(body))
@@ -583,4 +607,6 @@ class TaskEmitter:
             out.append(shaders.load("atomics", "subgroup_add", fn_name=fn_name, dtype=dtype.wgsl, apply=apply))
         if self.has_assert:
             out.append(shaders.load("assert", "report_error", err=ERR_VAR))
+        if self.has_print:
+            out.append(shaders.load("print", "print_reserve", buf=PRINT_VAR))
         return [h.rstrip("\n") + "\n" for h in out]

@@ -123,11 +123,13 @@ class Slot:
     def path(self) -> Path:
         return self.folder / f"{self.key}.wgk"
 
-    def adjoint(self, grads: tuple, zero: tuple = (), fused: bool = False) -> "Slot":
+    def adjoint(self, grads: tuple, zero: tuple = (), fused: bool = False, check_nan: bool = False) -> "Slot":
         """The slot of this kernel's adjoint: grads, the gradient source of each forward buffer
         (plan records or None); zero: a zero-store variant (passes/autodiff/demote.py); fused:
-        the forward and the adjoint in one kernel (passes/autodiff/fuse.py)."""
-        return Slot(self.folder, _hash(self.key, "adjoint", grads, zero, *(("fused",) if fused else ())))
+        the forward and the adjoint in one kernel (passes/autodiff/fuse.py); check_nan: with the
+        NaN checks (the forward's options may not have them: a tape's check_nan=True)."""
+        return Slot(self.folder, _hash(self.key, "adjoint", grads, zero, *(("fused",) if fused else ()),
+                                       *(("check_nan",) if check_nan else ())))
 
     def load(self) -> CompiledKernel | None:
         """The stored CompiledKernel, or None on a miss or a bad entry."""

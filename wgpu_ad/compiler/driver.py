@@ -81,6 +81,8 @@ def _accesses(ir: Kernel, snapshot_loads: frozenset) -> tuple:
     """The plan's Access records: footprint() with the affine forms over argument words."""
     out = []
     for buf, kind, dims in footprint(ir, snapshot_loads):
+        if isinstance(buf.source, plan.Scratch):
+            continue  # the launch's own storage: no other launch sees it
         forms = tuple(None if d is None else tuple((None if k is None else k[1], c) for k, c in d) for d in dims)
         out.append(plan.Access(buf.source, kind, forms))
     return tuple(out)
@@ -102,7 +104,10 @@ def compile_kernel(fn, name: str, specs: list, ret_dtype, opts: CompileOptions) 
         ir = make_ir()
         _, bases, redirected = prepare_in_place(ir)  # (this promotes ir's loop-carried elements)
         snaps = tuple(base.source for base, _ in bases)
-        ck = user_errors(lambda: _codegen(ir, opts, accesses=_accesses(ir, redirected), snapshots=snaps))
+        scratch = tuple(sorted((b.source for b in ir0.buffers if isinstance(b.source, plan.Scratch)),
+                               key=lambda src: src.index))
+        ck = user_errors(lambda: _codegen(ir, opts, accesses=_accesses(ir, redirected), snapshots=snaps,
+                                          scratch=scratch))
         if slot is not None:
             slot.store(ck)
     return Compiled(ck, storages, make_ir, slot)
@@ -122,6 +127,8 @@ def grad_sources(fwd: Compiled, specs: list) -> tuple:
                 g = plan.Field(k) if k is not None else plan.FieldGrad(src.index)
         elif isinstance(src, plan.Arg) and specs[src.arg].needs_grad:
             g = plan.ArgGrad(src.arg)
+        elif isinstance(src, plan.Scratch) and src.dtype in ("f32", "f16"):
+            g = plan.ScratchGrad(src.index)
         out.append(g)
     return tuple(out)
 
@@ -130,22 +137,24 @@ def compile_adjoint(fwd: Compiled, grads: tuple, opts: CompileOptions, zero: tup
                     fused: bool = False) -> Compiled | None:
     """The adjoint of a compiled kernel; grads: grad_sources(). zero: positions of gradients
     known to be all zeros at launch (a zero-store variant, demote.py). fused: the forward and
-    the adjoint in one kernel (fuse.py), or None when the kernel cannot be fused."""
-    slot = fwd.slot.adjoint(grads, zero, fused) if fwd.slot is not None else None
+    the adjoint in one kernel (fuse.py), or None when the kernel cannot be fused. opts may differ
+    from the forward's in check_nan only (a tape's check_nan=True)."""
+    slot = fwd.slot.adjoint(grads, zero, fused, opts.check_nan) if fwd.slot is not None else None
     by_source = dict(zip(fwd.plan.buffers, grads))
     made: list = []
 
     def make_ir() -> Kernel:
         if not made:
             adj, info = reverse_kernel(fwd.ir, lambda b: by_source.get(b.source), opts.ad_stack_size, zero,
-                                       transpose=opts.min_parallel, fuse=fused)
+                                       transpose=opts.min_parallel, fuse=fused, check_nan=opts.check_nan)
             made.append((_optimize(adj, opts), info))
         return made[0]
     ck = slot.load() if slot is not None else None
     if ck is None:
         try:
             ir, info = user_errors(make_ir)
-            ck = user_errors(lambda: _codegen(ir, opts, zero_stores=info.zero_stores, fused=info.fused))
+            ck = user_errors(lambda: _codegen(ir, opts, zero_stores=info.zero_stores, fused=info.fused,
+                                              scratch=fwd.plan.scratch))
         except (NotFusable, CompileError):
             if not fused:
                 raise

@@ -19,6 +19,9 @@ DEFAULT_STACK_SIZE = 256  # loops bounded by constants or arguments are sized ex
 
 @dataclass(frozen=True)
 class CompileOptions:
+    """Every knob that changes the generated code, part of every cache key: read them with
+    ti.compile_options(), change them with ti.set_compile_options(name=value, ...)."""
+
     debug: bool = False                 # keep asserts (index checks), verify the IR between passes
     float_atomics: bool = False         # WGSL atomic<f32> add (the 'shader-float32-atomic' feature)
     subgroups: bool = False             # WGSL subgroup operations (aggregated atomic adds)
@@ -34,6 +37,9 @@ class CompileOptions:
     # every loop checks that it ran to its end: Mesa llvmpipe (lavapipe) silently stops the loops of
     # an invocation after 65,535 iterations in total; the error is raised at the next read-back
     loop_check: bool = False
+    # adjoints check every gradient they write: a NaN or inf raises GradientNaNError naming the
+    # element and the operation whose derivative made it (nan_check.py); on with debug
+    check_nan: bool = False
     fuse_adjoint: bool = True           # a tape's last launch may run fused with its adjoint
     print_ir: bool = False              # print the IR after every pass (or WGPU_AD_PRINT_IR=1)
     print_wgsl: bool = False            # print the generated WGSL (or WGPU_AD_PRINT_WGSL=1)
@@ -51,7 +57,7 @@ class CompileOptions:
     def key(self) -> tuple:
         """What decides the compiler's output (printing and the cache folder do not)."""
         return (self.debug, self.float_atomics, self.subgroups, self.min_parallel, self.grid_cap,
-                self.ad_stack_size, self.loop_check)
+                self.ad_stack_size, self.loop_check, self.check_nan)
 
 
 def _env(name: str) -> bool:
@@ -60,7 +66,7 @@ def _env(name: str) -> bool:
 
 def for_device(rt, **user) -> CompileOptions:
     """The defaults for a runtime's device, with the user's settings on top."""
-    base = CompileOptions(debug=rt.debug, float_atomics=rt.has_float_atomics, subgroups=rt.has_subgroups,
+    base = CompileOptions(debug=rt.debug, check_nan=rt.debug, float_atomics=rt.has_float_atomics, subgroups=rt.has_subgroups,
                           min_parallel=max(1024, 256 * (os.cpu_count() or 1)) if rt.is_cpu else None,
                           grid_cap=256 if rt.is_cpu else rt.max_workgroups,
                           loop_check="llvmpipe" in str(rt.adapter.info.get("device", "")).lower())

@@ -7,6 +7,8 @@ effects are recomputed at the start of every later task that may use them.
 from __future__ import annotations
 
 import ast
+import builtins
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +18,7 @@ from ..errors import CompileError
 from ..ir.builder import Builder
 from ..ir.nodes import ArgSlot, Block, Buffer, Kernel, Stmt, Task, walk
 from ..ir.ops import Op
-from ..types import DType, MatrixType, VectorType, i32, u32
+from ..types import DType, MatrixType, VectorType, f32, i32, u32
 from . import builtins as B
 from .loops import analyze_iter, bind_targets, loop_var_name, trip_count
 from .context import LoopCtx, ParsedFunc, ReturnCtx
@@ -57,6 +59,27 @@ class ArrayArg:
         return ArrayArg(self.name + ".grad", self.dtype, self.element_shape, self.shape, self.grad_buffer, None)
 
 
+@dataclass(eq=False)
+class Scratch:
+    """A kernel-scope variable accumulated with += / -= across the iterations of a parallel loop
+    (`s = 0.0; for i in x: s += x[i]; return s`, an atomic reduction as in Taichi): a hidden 0-d
+    buffer of the launch (plan.Scratch), zeroed before the loop, added to atomically in it, and
+    added to the variable's value before the loop wherever the variable is used after it. The
+    launcher allocates it per launch (lang/kernel.py), so an adjoint reads its own launch's sum."""
+
+    index: int
+    dtype: DType
+    element_shape: tuple
+    name: str
+    shape: tuple = ()
+    is_grad: bool = False
+    gpu_buffer = None  # (looks like a field to the lowering: frontend/methods.py field_like)
+
+    @property
+    def element_size(self) -> int:
+        return math.prod(self.element_shape)
+
+
 class KernelContext:
     def __init__(self, name: str, pf: ParsedFunc, debug: bool):
         self.name = name
@@ -74,13 +97,18 @@ class KernelContext:
         self.ret_dtype: DType | None = None
         self.in_parallel = False
         self.min_parallel: int | None = None
+        self.scratch: list[Scratch] = []
 
     def buffer_for(self, obj) -> Buffer:
         buf = self.buffers.get(id(obj))
         if buf is None:
             name = obj.name or f"field{len(self.buffers)}"
-            self.storages.append(obj)
-            buf = Buffer(name, obj.dtype, plan.Field(len(self.storages) - 1), grad=bool(getattr(obj, "is_grad", False)),
+            if isinstance(obj, Scratch):
+                source = plan.Scratch(obj.index, obj.dtype.name, obj.element_size)
+            else:
+                self.storages.append(obj)
+                source = plan.Field(len(self.storages) - 1)
+            buf = Buffer(name, obj.dtype, source, grad=bool(getattr(obj, "is_grad", False)),
                          vector=int(getattr(obj, "element_size", 1)))
             self.buffers[id(obj)] = buf
             self.kernel.buffers.append(buf)
@@ -124,6 +152,8 @@ def _is_pure(fl_globals: dict, st: ast.stmt) -> bool:
             return False
         if isinstance(n, ast.Call):
             f = _resolve(fl_globals, n.func)
+            if _is_print(f, n.func):
+                return False
             if f is B.random or (isinstance(f, B.Builtin) and f.ref_first_arg) or \
                     getattr(f, "_wgpu_ad_func", False) and not _func_is_pure(f, set()):
                 return False
@@ -148,11 +178,17 @@ def _func_is_pure(f, seen: set) -> bool:
             return False
         if isinstance(n, ast.Call):
             c = _resolve(g, n.func)
+            if _is_print(c, n.func):
+                return False  # printing is an effect: not recomputed in every task
             if c is B.random or (isinstance(c, B.Builtin) and c.ref_first_arg):
                 return False
             if getattr(c, "_wgpu_ad_func", False) and not _func_is_pure(c, seen):
                 return False
     return True
+
+
+def _is_print(resolved, func: ast.expr) -> bool:
+    return resolved is builtins.print or (resolved is None and isinstance(func, ast.Name) and func.id == "print")
 
 
 def _resolve(g: dict, node):
@@ -284,7 +320,13 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
                     flush_serial()
                     continue
                 flush_serial()
+                st, env, after = _reductions(k, new_lowerer, task_env, prelude, tasks, st, env)
+                if after:  # zero the sums in a serial task of their own
+                    serial.extend(after[0])
+                    flush_serial()
                 tasks.append(_range_task(k, new_lowerer, task_env, prelude, tasks, st, env, cfg))
+                if after:
+                    process(after[1], env)
                 continue
             if _is_pure(probe.globals, st):
                 prelude.append((st, env, len(tasks)))
@@ -307,6 +349,102 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
                              for x in k.builder.no_grad
                              if getattr(x, "is_array_arg", False) or id(x) in k.buffers)
     return kern, k.storages
+
+
+_REDUCE_OPS = (ast.Add, ast.Sub)
+
+
+def _reductions(k: KernelContext, new_lowerer, task_env, prelude, tasks, st: ast.For, env: dict):
+    """Kernel-scope variables that the parallel loop `st` only accumulates into with += or -=
+    become atomic reductions (Taichi's meaning): returns the loop with `s += e` turned into
+    `s_sum[None] += e` on a Scratch, its env (binding the scratches), and ([the statements that
+    zero them], [the statements `s = s + s_sum[None]` that follow the loop]), or () when the loop
+    reduces nothing."""
+    aug, other, reads = {}, set(), {}
+    targets = set()
+    for n in ast.walk(ast.Module(body=st.body, type_ignores=[])):
+        if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
+            targets.add(id(n.target))
+            if isinstance(n.op, _REDUCE_OPS):
+                aug.setdefault(n.target.id, []).append(n)
+            else:
+                other.add(n.target.id)
+    for n in ast.walk(ast.Module(body=st.body, type_ignores=[])):
+        if isinstance(n, ast.Name) and id(n) not in targets:
+            if isinstance(n.ctx, ast.Store):
+                other.add(n.id)
+            else:
+                reads.setdefault(n.id, n)
+    for n in ast.walk(st.target):
+        if isinstance(n, ast.Name):
+            other.add(n.id)
+    names = [name for name in aug if name not in other]
+    if not names:
+        return st, env, ()
+    # what the names are before the loop: replay the kernel-scope definitions in a throwaway block
+    found = {}
+    with k.builder.at(Block()):
+        fl = new_lowerer(task_env(env))
+        for entry in prelude:
+            _replay(fl, entry, tasks)
+        _forget_moved(fl, k)
+        fl.scopes[0].update(env)
+        for name in names:
+            v = next((scope[name] for scope in reversed(fl.scopes) if name in scope), None)
+            kind = _numeric_kind(v)
+            if kind is not None:
+                found[name] = kind
+    if not found:
+        return st, env, ()
+    for name in found:
+        if name in reads:
+            raise fl.error(reads[name], f"kernel-scope variable '{name}' is accumulated with += in this parallel "
+                                        f"loop (an atomic reduction over its iterations) and also read in it; "
+                                        f"its value there would depend on the order the iterations run. Read "
+                                        f"'{name}' after the loop, or sum into a variable defined inside the loop")
+    env = dict(env)
+    zero, post, slots = [], [], {}
+    for name, (dtype, shape) in found.items():
+        sc = Scratch(len(k.scratch), dtype, shape, f"{name}_sum")
+        k.scratch.append(sc)
+        slot, zname = f"__{name}_sum{sc.index}", f"__{name}_zero{sc.index}"
+        env[slot] = sc
+        env[zname] = Mat([0] * math.prod(shape), shape) if shape else 0
+        slots[name] = slot
+        here = dict(lineno=st.lineno, col_offset=st.col_offset, end_lineno=st.end_lineno,
+                    end_col_offset=st.end_col_offset)
+        ref = lambda ctx: ast.Subscript(ast.Name(slot, ast.Load(), **here), ast.Constant(None, **here), ctx, **here)  # noqa: E731
+        zero.append((ast.Assign([ref(ast.Store())], ast.Name(zname, ast.Load(), **here), **here), env))
+        post.append(ast.Assign([ast.Name(name, ast.Store(), **here)],
+                               ast.BinOp(ast.Name(name, ast.Load(), **here), ast.Add(), ref(ast.Load()), **here),
+                               **here))
+    loop = copy.deepcopy(st)
+    for n in ast.walk(loop):
+        if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name) and n.target.id in slots:
+            t = n.target
+            n.target = ast.copy_location(ast.Subscript(ast.copy_location(ast.Name(slots[t.id], ast.Load()), t),
+                                                       ast.copy_location(ast.Constant(None), t), ast.Store()), t)
+    return loop, env, (zero, post)
+
+
+def _numeric_kind(v):
+    """(dtype, element shape) of a kernel-scope numeric value (a local, a vector, a constant), or
+    None for anything else."""
+    from .refs import LocalRef
+    if isinstance(v, LocalRef):
+        return v.dtype(), tuple(v.shape)
+    if isinstance(v, Stmt):
+        return v.dtype, ()
+    if isinstance(v, Mat):
+        dts = {e.dtype if isinstance(e, Stmt) else (f32 if isinstance(e, float) else i32) for e in v.entries}
+        return (f32 if f32 in dts else next(iter(dts))), tuple(v.shape)
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, float):
+        return f32, ()
+    if isinstance(v, int):
+        return i32, ()
+    return None
 
 
 def _with_env(fl: FuncLowerer, env: dict, f):

@@ -19,6 +19,7 @@ from ..types import DType, MatrixType, VectorType, i32, u1
 from .context import LoopCtx, ParsedFunc, ReturnCtx, contains_return, static_globals
 from .loops import lower_serial_for
 from .methods import MatMethod, eval_ref_or_value, lower_call, make_ref
+from .printing import fstring_value
 from .refs import GlobalRef, LocalRef, Ref, swizzle_indices
 from .values import Mat, Ops, dtype_of_entries, entry_names, is_static
 
@@ -117,8 +118,8 @@ class FuncLowerer(ast.NodeVisitor):
         if self.k.in_parallel and self.ret.kind == "kernel" and depth < getattr(self, "parallel_scope", 0):
             raise self.error(node, f"kernel-scope variable '{name}' is assigned inside the parallel loop; its "
                                    f"iterations run at the same time, so its value would be undefined. Accumulate "
-                                   f"into a field instead (e.g. a 0-d field with +=, which is atomic), or define "
-                                   f"'{name}' inside the loop")
+                                   f"with '{name} += ...' (an atomic reduction over the iterations, as in Taichi) "
+                                   f"or into a field, or define '{name}' inside the loop")
 
     def loops_inside_func(self) -> bool:
         return any(l.kind == "serial" for l in self.loops)
@@ -515,7 +516,7 @@ class FuncLowerer(ast.NodeVisitor):
         return self.visit(node.value)
 
     def visit_JoinedStr(self, node):
-        raise self.error(node, "f-strings are not supported in kernels", UnsupportedError)
+        return fstring_value(self, node)
 
     def ref(self, node: ast.expr) -> Ref:
         return make_ref(self, node)

@@ -11,6 +11,7 @@ from ..ir.ops import Op
 from ..types import DType, MatrixType, VectorType, f32, i32, to_dtype, u1
 from . import builtins as B
 from .inline import inline_func
+from .printing import lower_print
 from .refs import (GlobalRef, LocalRef, Ref, bounds_assert, component_ref, linear_index,
                    swizzle_ref)
 from .values import Mat, Ops, dtype_of, is_static
@@ -254,8 +255,7 @@ def lower_call(fl, node: ast.Call):
         args, kwargs = _args(fl, node)
         return construct(fl, ctor, args, kwargs, node)
     if callee is _py.print:
-        raise fl.error(node, "print() is not supported in kernels on WebGPU; store values in a field and read them "
-                             "with to_numpy(), or use ti.init(debug=True) and assert", UnsupportedError)
+        return lower_print(fl, node)
     args, kwargs = _args(fl, node)
     all_static = all(is_static(a) for a in args) and all(is_static(v) for v in kwargs.values())
     if callee in (_py.int, _py.float):

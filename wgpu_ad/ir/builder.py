@@ -17,7 +17,7 @@ def result_dtype(op: Op, args: list[Stmt], dtype: DType | None) -> DType | None:
         return u1
     if op is Op.SELECT:
         return args[1].dtype
-    if op in (Op.GLOBAL_STORE, Op.LOCAL_STORE) or op in GroupOp.Control:
+    if op in (Op.GLOBAL_STORE, Op.LOCAL_STORE, Op.PRINT) or op in GroupOp.Control:
         return None
     if op is Op.LOCAL_LOAD:
         return args[0].dtype

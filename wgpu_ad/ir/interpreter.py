@@ -12,6 +12,7 @@ that returns a control signal (break / continue). RETURN unwinds with an excepti
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -39,7 +40,7 @@ class _Return(Exception):
 
 
 def run_kernel(kernel: Kernel, buffers: Sequence[np.ndarray], args: Sequence[Any] = (),
-               seed: int = 0) -> Any:
+               seed: int = 0, out: Callable[[str], Any] | None = None) -> Any:
     """Run `kernel` on the CPU and return its RETURN value (a NumPy scalar) or None.
 
     `buffers` is aligned with kernel.buffers: flat 1-D arrays of each buffer's dtype, mutated in
@@ -47,6 +48,7 @@ def run_kernel(kernel: Kernel, buffers: Sequence[np.ndarray], args: Sequence[Any
     slot's dtype); the seed slot (role plan.Seed) of a kernel using RANDOM may be left out, it then gets `seed`.
     RANDOM draws from a NumPy generator seeded with `seed` (not the GPU's stream).
     Tasks run in order; a RETURN ends its task and sets the result (later tasks still run).
+    PRINT writes its line (end= included) with `out`, sys.stdout.write by default.
     """
     _check_buffers(kernel, buffers)
     argvals = _convert_args(kernel, args, seed)
@@ -54,7 +56,7 @@ def run_kernel(kernel: Kernel, buffers: Sequence[np.ndarray], args: Sequence[Any
     result = None
     with np.errstate(all="ignore"):
         for task in kernel.tasks:
-            prog = _TaskCompiler(kernel, buffers, argvals, rng).compile(task)
+            prog = _TaskCompiler(kernel, buffers, argvals, rng, out or sys.stdout.write).compile(task)
             try:
                 prog()
             except _Return as r:
@@ -102,8 +104,9 @@ def _convert_arg(kernel: Kernel, slot: ArgSlot, value) -> Any:
 class _TaskCompiler:
     """Turns one task into closures over a flat list of value slots."""
 
-    def __init__(self, kernel: Kernel, buffers, argvals: dict[int, Any], rng):
+    def __init__(self, kernel: Kernel, buffers, argvals: dict[int, Any], rng, out: Callable[[str], Any]):
         self.kernel = kernel
+        self.out = out
         self.buffers = {id(spec): (arr, spec.name) for spec, arr in zip(kernel.buffers, buffers)}
         self.argvals = argvals
         self.rng = rng
@@ -385,6 +388,15 @@ class _TaskCompiler:
         return run
 
 
+    def print_(self, s: Stmt):
+        vals, rec, out = [self.use(a, s) for a in s.args], s.attr, self.out
+        v = self.v
+
+        def run():
+            out(rec.format([v[k].item() for k in vals]))
+        return run
+
+
 def _pretty(x):
     """A value for an assert message: floats print with the shortest float32 repr."""
     if isinstance(x, np.floating):
@@ -411,7 +423,7 @@ _HANDLERS: dict[Op, Callable] = {
     Op.IF: _TaskCompiler.if_, Op.RANGE_FOR: _TaskCompiler.range_for,
     Op.WHILE: _TaskCompiler.while_, Op.BREAK: _TaskCompiler.break_,
     Op.CONTINUE: _TaskCompiler.continue_, Op.RETURN: _TaskCompiler.return_,
-    Op.ASSERT: _TaskCompiler.assert_,
+    Op.ASSERT: _TaskCompiler.assert_, Op.PRINT: _TaskCompiler.print_,
     Op.WG_SUM: _TaskCompiler.wg_sum, Op.WG_LEADER: _TaskCompiler.wg_leader,
 }
 # ops added to the IR after this table (autodiff stacks) are handled when ops.py defines them

@@ -60,6 +60,9 @@ class Op(Enum):
     RETURN = auto()       # args: value; the kernel's return value
     ASSERT = auto()       # args: cond, *values; attr: message template with {} for the values
 
+    # output
+    PRINT = auto()        # args: the values of one print() line; attr: plan.Print (its text and formats)
+
 
 class AtomicKind(Enum):
     ADD = "add"; SUB = "sub"; MIN = "min"; MAX = "max"; AND = "and"; OR = "or"; XOR = "xor"
@@ -87,7 +90,7 @@ class GroupOp:
                          Op.ASSERT})
     # ops with effects: never CSE'd, never removed as dead code
     SideEffect = frozenset({Op.LOCAL_STORE, Op.GLOBAL_STORE, Op.ATOMIC, Op.RANDOM, Op.STACK_ALLOC,
-                            Op.STACK_PUSH, Op.STACK_POP, Op.WG_SUM, Op.WG_LEADER}) | Control
+                            Op.STACK_PUSH, Op.STACK_POP, Op.WG_SUM, Op.WG_LEADER, Op.PRINT}) | Control
     # gradient stops here (integer- or boolean-valued, or piecewise constant)
     NotDifferentiable = frozenset({Op.SIGN, Op.FLOOR, Op.CEIL, Op.ROUND, Op.NOT, Op.BIT_NOT,
                                    Op.BITCAST, Op.FLOORDIV, Op.BIT_AND, Op.BIT_OR, Op.BIT_XOR,

@@ -18,6 +18,8 @@ def _attr(s: Stmt) -> str:
         return f" loop:{a!r}"
     if s.op is Op.ALLOCA:
         return f" '{a}'"
+    if s.op is Op.PRINT:
+        return f" {a.template!r} at {a.where}"
     return f" {a!r}"
 
 

@@ -61,6 +61,8 @@ def verify(kernel: Kernel) -> None:
                 fail(s, "continue outside a loop")
             if op is Op.LOOP_INDEX and not (s.attr is task or s.attr in loops):
                 fail(s, "loop index outside its loop")
+            if op is Op.PRINT and len(s.args) != len(s.attr.values):
+                fail(s, f"print has {len(s.args)} values for the {len(s.attr.values)} of its line")
             if op in GroupOp.FloatOnly and op is not Op.POW and s.args[0].dtype.is_int:
                 fail(s, f"{op.name} needs float operands")
             for b in s.blocks:

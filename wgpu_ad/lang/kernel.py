@@ -2,12 +2,14 @@
 lang/launch.py's."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from .. import plan
+from ..runtime import device as _device
 from ..compiler.options import current as _options
 from ..errors import CompileError, KernelArgError, WgpuAdError
 from ..types import MatrixType, VectorType, to_dtype
@@ -43,6 +45,8 @@ class Template:
 
 
 def template() -> Template:
+    """`ti.template()`: a kernel argument compiled in (a field, or a Python value); the kernel is
+    compiled again for each new value."""
     return Template()
 
 
@@ -83,6 +87,8 @@ class Func:
 
 
 def func(fn: Callable) -> Func:
+    """`@ti.func`: a function callable from kernels and other funcs, inlined where it is called
+    (arguments by value, `return` anywhere); differentiated as part of the calling kernel."""
     return Func(fn)
 
 
@@ -125,6 +131,13 @@ class Kernel:
         self._read_versions: dict = {}  # ids of the storages a launch read -> [(weakref, version)]
         self._snaps: dict = {}  # ids of fields updated in place -> stack of their pre-launch copies
         self._spare: dict = {}  # (dtype, shape, element shape) -> copies an adjoint launch has used
+        # scratch buffers (plan.Scratch) per forward Launcher id: one set for launches no tape
+        # records, a stack of per-launch sets for taped ones, the set of the latest launch, spares
+        self._scratch_own: dict = {}
+        self._scratch_taped: dict = {}
+        self._scratch_last: dict = {}
+        self._scratch_spare: dict = {}
+        self._pool_generation = None  # the runtime generation the copies and scratch belong to
         self._last = None  # (epoch, compiled, specs) when every argument is a plain scalar
         self._scalar_only = all(not isinstance(a, (Template, NdarrayType, VectorType, MatrixType))
                                 and a not in (Template, NdarrayType) for a in self.anns)
@@ -217,14 +230,78 @@ class Kernel:
             if tape.defer(self, lc, args, rt):
                 self._note_versions(lc, args)
                 return None  # launched before anything else reaches the device, or fused with its adjoint
+        taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
         if lc.snapshots and ad.keep_copies:
-            self._keep_snapshots(lc, args, tape is not None and tape.recording and not ad.in_backward
-                                 and tape.keep_copies)
+            self._keep_snapshots(lc, args, taped)
         if lc.ck.ret_dtype is not None and _storage.host_guard is not None:
             _storage.host_guard(self, f"the return value of kernel '{self.__name__}'")
-        ret = launch(lc, args, rt)
+        ret = launch(lc, args + self._scratch(lc, taped), rt)
         self._note_versions(lc, args)
         return ret
+
+    def _scratch(self, lc, taped: bool) -> tuple:
+        """The scratch buffers of a forward launch (plan.Scratch: the sums of kernel-scope variables
+        reduced across a parallel loop): fresh ones per launch a tape records (each adjoint reads
+        its own launch's sums), else the same set again."""
+        if not lc.plan.scratch:
+            return ()
+        self._drop_dead_pools()
+        key = id(lc)
+        if taped:
+            spare = self._scratch_spare.get(key)
+            objs = spare.pop() if spare else self._new_scratch(lc)
+            self._scratch_taped.setdefault(key, []).append(objs)
+        else:
+            objs = self._scratch_own.get(key)
+            if objs is None:
+                objs = self._scratch_own[key] = self._new_scratch(lc)
+        self._scratch_last[key] = objs
+        return objs
+
+    def _new_scratch(self, lc) -> tuple:
+        out = []
+        for src in lc.plan.scratch:
+            arr = Ndarray(to_dtype(src.dtype), (), (src.count,) if src.count > 1 else (), name=f"{self.__name__}.sum")
+            if src.dtype in ("f32", "f16"):
+                arr._attach_grad()
+            out.append(arr)
+        return tuple(out)
+
+    def _scratch_for_grad(self, lc, in_backward: bool) -> tuple:
+        """The scratch buffers an adjoint reads: its own launch's in a tape's backward pass, else
+        those of the latest forward launch; their gradients zeroed."""
+        if not lc.plan.scratch:
+            return ()
+        key = id(lc)
+        stack = self._scratch_taped.get(key)
+        if in_backward and stack:
+            objs = stack.pop()
+        else:
+            objs = self._scratch_last.get(key)
+            if objs is None:
+                raise WgpuAdError(
+                    f"{self.__name__}.grad(): kernel '{self.__name__}' sums a kernel-scope variable over a "
+                    f"parallel loop, and its gradient needs the sum of its forward launch: launch it before its "
+                    f".grad() (or inside ti.ad.Tape)")
+        for arr in objs:
+            if arr.grad is not None and not arr.grad.all_zero:
+                arr.grad.fill(0)
+        return objs
+
+    def _recycle_scratch(self, lc, objs: tuple) -> None:
+        key = id(lc)
+        if objs and objs is not self._scratch_own.get(key) and objs is not self._scratch_last.get(key) \
+                and not any(objs is o for o in self._scratch_taped.get(key, ())):
+            self._scratch_spare.setdefault(key, []).append(objs)
+
+    def _drop_dead_pools(self) -> None:
+        """Copies and scratch buffers made before a ti.reset() / ti.init() are gone with the device."""
+        gen = _device.generation()
+        if self._pool_generation != gen:
+            self._pool_generation = gen
+            for pool in (self._snaps, self._spare, self._scratch_own, self._scratch_taped, self._scratch_last,
+                         self._scratch_spare):
+                pool.clear()
 
     def _keep_snapshots(self, lc, args, taped: bool) -> None:
         """Before a forward launch that updates fields in place (passes/autodiff/promote.py):
@@ -232,6 +309,7 @@ class Kernel:
         reads has one); a tape keeps one copy per launch, a launch outside a tape only the last."""
         if not any(get(args).needs_grad for get in lc.loads + lc.snapshots):
             return
+        self._drop_dead_pools()
         fields = [get(args) for get in lc.snapshots]
         copies = []
         for st in fields:
@@ -305,10 +383,10 @@ class Kernel:
         dev, bound = EXTERNALS.to_device(self, args, self._ndarrays, with_grads=False)
         lc, _specs, rt = self._get(dev)
         ad = _ad_state or _ad()
+        taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
         if lc.snapshots and ad.keep_copies:
-            self._keep_snapshots(lc, dev, tape is not None and tape.recording and not ad.in_backward
-                                 and tape.keep_copies)
-        ret = launch(lc, dev, rt)
+            self._keep_snapshots(lc, dev, taped)
+        ret = launch(lc, dev + self._scratch(lc, taped), rt)
         Externals.to_host(bound, lc.ck, grads=False)
         return ret
 
@@ -328,14 +406,17 @@ class Kernel:
         lc, specs, rt = self._get(args)
         opts = _options()
         grads = grad_sources(lc.compiled, specs)
+        # a ti.ad.Tape(check_nan=True) running its backward pass: the adjoint checks its gradients
+        check = opts.check_nan or (_ad_state or _ad()).check_nan
         # the forward's Launcher stands for the argument specs, the options and the epoch
         # (self._cache keeps it alive, so its id is never reused)
-        key = (id(lc), grads, fused)
+        key = (id(lc), grads, fused, check)
         zero = ()
         while True:
             g = self._grad_cache.get((*key, zero), False)
             if g is False:
-                c = compile_adjoint(lc.compiled, grads, opts, zero, fused)
+                o = opts if check == opts.check_nan else dataclasses.replace(opts, check_nan=check)
+                c = compile_adjoint(lc.compiled, grads, o, zero, fused)
                 g = self._grad_cache[(*key, zero)] = None if c is None else Launcher(c, specs)
             if g is None or zero or not launching or g.zero_check is None:
                 return g, specs, rt
@@ -400,9 +481,11 @@ class Kernel:
         return format_kernel(self._get_grad(args)[0].ir)
 
     def print_ir(self, *args) -> None:
+        """Print get_ir(*args)."""
         print(self.get_ir(*args))
 
     def print_wgsl(self, *args) -> None:
+        """Print get_wgsl(*args)."""
         print(self.get_wgsl(*args))
 
 
@@ -419,9 +502,12 @@ class _GradLauncher:
         if k._ndarrays and k._has_external(args):
             dev, bound = EXTERNALS.to_device(k, args, k._ndarrays, with_grads=True)
             g, _specs, rt = k._get_grad(dev, launching=True)
-            snaps = k._pop_snapshots(k._get(dev)[0], dev)
-            ret = launch(g, dev + snaps, rt)
+            fwd = k._get(dev)[0]
+            snaps = k._pop_snapshots(fwd, dev)
+            scratch = k._scratch_for_grad(fwd, (_ad_state or _ad()).in_backward)
+            ret = launch(g, dev + snaps + scratch, rt)
             k._recycle(snaps)
+            k._recycle_scratch(fwd, scratch)
             read = {a.source.arg for a in k._get(dev)[0].plan.accesses
                     if a.kind == "load" and isinstance(a.source, plan.Arg)}
             Externals.to_host(bound, g.ck, grads=True, inputs=read)
@@ -431,12 +517,18 @@ class _GradLauncher:
             k._check_versions(fwd, args)
         g, _specs, rt = k._get_grad(args, launching=True)
         snaps = k._pop_snapshots(fwd, args)
-        ret = launch(g, args + snaps, rt)
+        scratch = k._scratch_for_grad(fwd, (_ad_state or _ad()).in_backward)
+        ret = launch(g, args + snaps + scratch, rt)
         k._recycle(snaps)
+        k._recycle_scratch(fwd, scratch)
         return ret
 
 
 def kernel(fn: Callable) -> Kernel:
+    """`@ti.kernel`: compile `fn` to WGSL compute shaders on its first call. The outermost `for`
+    loop runs in parallel; arguments are annotated (`ti.f32`, `ti.i32`, `ti.template()`,
+    `ti.types.ndarray()`, `ti.types.vector(n, dtype)`), and so is a scalar return value. The
+    result is a `Kernel`, whose `.grad` is the generated adjoint."""
     return Kernel(fn)
 
 

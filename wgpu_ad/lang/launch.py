@@ -19,9 +19,10 @@ _FMT = {"f32": "f", "i32": "i", "u32": "I"}
 DYNAMIC_WORKGROUPS = 1024  # range bounds read from fields: grid-stride over this many workgroups
 
 
-def storage_getter(src: plan.Source, storages: list, n_args: int = 0) -> Callable:
+def storage_getter(src: plan.Source, storages: list, n_args: int = 0, n_scratch: int = 0) -> Callable:
     """call args -> the field / ndarray (or its gradient) a buffer source names; a snapshot is
-    passed after the call's `n_args` arguments."""
+    passed after the call's `n_args` arguments, and the launch's `n_scratch` scratch buffers
+    last of all."""
     if isinstance(src, plan.Field):
         obj = storages[src.index]
         return lambda args: obj
@@ -37,6 +38,12 @@ def storage_getter(src: plan.Source, storages: list, n_args: int = 0) -> Callabl
     if isinstance(src, plan.Snapshot):
         k = n_args + src.index
         return lambda args: args[k]
+    if isinstance(src, plan.Scratch):
+        k = src.index - n_scratch
+        return lambda args: args[k]
+    if isinstance(src, plan.ScratchGrad):
+        k = src.index - n_scratch
+        return lambda args: args[k].grad
     raise AssertionError(f"unknown buffer source {src!r} (compiler bug)")
 
 
@@ -48,9 +55,9 @@ class Launcher:
         self.ck = ck = compiled.ck
         self.plan = p = ck.plan
         self.specs = specs
-        self.pack = _packer(ck.name, p.words, specs)
+        self.pack = _packer(ck.name, p.words, specs, p.prints)
         self.bounds = [_bounds(t) for t in p.tasks]
-        self.storage = [storage_getter(src, compiled.storages, len(specs)) for src in p.buffers]
+        self.storage = [storage_getter(src, compiled.storages, len(specs), len(p.scratch)) for src in p.buffers]
         self.snapshots = [storage_getter(src, compiled.storages) for src in p.snapshots]
         bound = {b.key for t in ck.tasks for b in t.bindings if b.kind == "buffer"}
         # a buffer no task binds (an ndarray's gradient in a forward kernel) is neither allocated
@@ -76,7 +83,8 @@ class Launcher:
         """Whether a tape may defer this launch to fuse it with its adjoint: no return value, no
         asserts to report, no random numbers (the fused replay would draw others)."""
         return (self.ck.ret_dtype is None and not self.has_asserts and not self.plan.uses_random
-                and not self.plan.snapshots)
+                and not self.plan.snapshots and not self.plan.scratch
+                and not self.plan.prints)  # the fused replay does not print
 
     def prepare(self, args) -> list:
         """The buffers of a launch with these arguments (allocating them, and marking them as
@@ -115,13 +123,16 @@ class _NoSeed:
     def next_seed(self) -> int:
         return 0
 
+    def print_tag(self, kernel: str, prints: tuple, record_words: int) -> int:
+        return 0
+
 
 # ---- uniform words -------------------------------------------------------------------------------
 
-def _packer(kname: str, words: tuple, specs: list) -> Callable:
+def _packer(kname: str, words: tuple, specs: list, prints: tuple = ()) -> Callable:
     """(call args, runtime) -> the uniform block's bytes; .unpack(bytes) -> the word values."""
     st = struct.Struct("<" + "".join(_FMT[plan.word_dtype(w)] for w in words))
-    getters = [_word_getter(kname, w, specs) for w in words]
+    getters = [_word_getter(kname, w, specs, prints) for w in words]
     derived = [(n, w) for n, w in enumerate(words) if isinstance(w, plan.StackCapacity)]
 
     def pack(args, rt):
@@ -136,9 +147,12 @@ def _packer(kname: str, words: tuple, specs: list) -> Callable:
     return pack
 
 
-def _word_getter(kname: str, w, specs) -> Callable:
+def _word_getter(kname: str, w, specs, prints: tuple = ()) -> Callable:
     if isinstance(w, plan.Seed):
         return lambda args, rt: rt.next_seed()
+    if isinstance(w, plan.PrintTag):  # which launch the kernel's print() records belong to
+        record_words = 2 + max(len(p.values) for p in prints)
+        return lambda args, rt: rt.print_tag(kname, prints, record_words)
     if isinstance(w, plan.StackCapacity):
         return lambda args, rt: 0  # derived from the other words (_packer)
     k = w.arg
@@ -237,7 +251,8 @@ def _zero_check(p: plan.LaunchPlan, storage: list) -> Callable:
     buffer of the launch (an ndarray passed twice). Called before the launch asks for its
     buffers, which marks them as written."""
     candidates = [(pos, storage[pos]) for pos in p.zero_stores]
-    bound = [get for get, src in zip(storage, p.buffers) if not isinstance(src, plan.Snapshot)]
+    bound = [get for get, src in zip(storage, p.buffers) if not isinstance(src, (plan.Snapshot, plan.Scratch,
+                                                                                  plan.ScratchGrad))]
 
     def check(args) -> tuple:
         zero = [(pos, st) for pos, st in ((pos, get(args)) for pos, get in candidates) if st.all_zero]
@@ -261,6 +276,19 @@ def _fuse_check(p: plan.LaunchPlan, storage: list) -> Callable:
 
 
 # ---- the launch ------------------------------------------------------------------------------------
+
+def _geometry(lc: Launcher, args, src) -> tuple | None:
+    """(name, shape, element shape) of the field or ndarray whose gradient (or itself) a plan
+    source names in a launch with these arguments, or None: for the message of a failed
+    gradient check (nan_check.py)."""
+    try:
+        st = lc.storage[lc.plan.buffers.index(src)](args)
+    except (ValueError, IndexError, AttributeError):
+        return None
+    if getattr(st, "is_grad", False) and getattr(st, "primal", None) is not None:
+        st = st.primal
+    return st.name, tuple(st.shape), tuple(st.element_shape)
+
 
 def launch(lc: Launcher, args, rt):
     ck, p = lc.ck, lc.plan
@@ -293,8 +321,8 @@ def launch(lc: Launcher, args, rt):
                 raise GpuError(f"kernel '{ck.name}': task {ti} runs one iteration per thread but its launch "
                                f"does not cover its range (compiler bug)")
         rt.launch(ck, ti, buffers, packed, wg, const)
-    if lc.has_asserts:  # debug-mode asserts, or autodiff stack overflow checks
-        rt.check_errors(ck)
+    if lc.has_asserts:  # debug-mode asserts, autodiff stack overflow checks, gradient checks
+        rt.check_errors(ck, lambda src: _geometry(lc, args, src))
     if ck.ret_dtype is not None:
         return rt.read_ret(ck.ret_dtype)
     return None

@@ -52,6 +52,8 @@ class SNode:
         return tuple(self._sizes.get(a, 1) for a in range(max(self._sizes) + 1))
 
     def dense(self, axes, dimensions) -> "SNode":
+        """A dense level below this one: `ti.root.dense(ti.ij, (4, 8))`. Sizes on an axis that a
+        level above also has multiply (nesting changes no index: storage is row-major)."""
         ax = _axes_of(axes)
         dims = dimensions if isinstance(dimensions, (tuple, list)) else (dimensions,) * len(ax)
         if len(dims) != len(ax):

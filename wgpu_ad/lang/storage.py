@@ -77,7 +77,10 @@ def normalize_shape(shape, what: str) -> tuple[int, ...]:
 
 
 class Storage(ABC):
-    """Base of Field and Ndarray. Subclasses set `_kind` ('field' / 'ndarray') for messages."""
+    """Base of Field and Ndarray: a GPU array of `shape` elements of `dtype` (scalars, or vectors
+    and matrices of `element_shape`), with an optional gradient of the same layout.
+
+    Subclasses set `_kind` ('field' / 'ndarray') for messages."""
 
     _kind = "storage"
 
@@ -119,10 +122,13 @@ class Storage(ABC):
 
     @property
     def needs_grad(self) -> bool:
+        """Whether it has a gradient (needs_grad=True, or ti.root.lazy_grad() for fields)."""
         return self._grad is not None
 
     @property
     def grad(self) -> "Storage":
+        """The gradient: a field (ndarray) of the same shape and dtype; an error naming the fix
+        when there is none."""
         if self._grad is None:
             raise WgpuAdError(self._no_grad_message())
         return self._grad
@@ -151,6 +157,7 @@ class Storage(ABC):
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The shape in elements (without the vector / matrix dimensions)."""
         return self._shape
 
     @property

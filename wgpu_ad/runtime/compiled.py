@@ -9,7 +9,8 @@ group 0. The runtime binds, for each BindingSpec:
   kind 'error'  : the runtime's error buffer (array<atomic<u32>>, ERROR_WORDS words);
   kind 'ret'    : the kernel's return-value buffer (one 4-byte word);
   kind 'stack'  : the runtime's scratch buffer for autodiff stacks: the launch says how many
-                  u32 words per thread (thread = global invocation index; serial tasks use one).
+                  u32 words per thread (thread = global invocation index; serial tasks use one);
+  kind 'print'  : the runtime's print buffer (array<atomic<u32>>, runtime/printing.py).
 
 CompiledKernel.plan (wgpu_ad/plan.py) is the launcher's part: what each uniform word and buffer
 is, and how to size each task's grid.
@@ -29,7 +30,7 @@ LOOP_LIMIT_WORD = ERROR_WORDS
 @dataclass(frozen=True)
 class BindingSpec:
     binding: int
-    kind: str            # 'args' | 'buffer' | 'error' | 'ret' | 'stack'
+    kind: str            # 'args' | 'buffer' | 'error' | 'ret' | 'stack' | 'print'
     key: int = -1        # for 'buffer': index into the launch's buffers (plan.buffers)
     read_only: bool = False
 

@@ -12,7 +12,9 @@ runs before any other work reaches the device, so nothing can see the difference
 """
 from __future__ import annotations
 
+import atexit
 import logging
+import sys
 from typing import Callable
 
 import numpy as np
@@ -23,6 +25,7 @@ from ..errors import GpuError, KernelAssertionError, KernelRuntimeError, WgpuAdE
 from . import adapter as _adapter
 from .compiled import ERROR_WORDS, LOOP_LIMIT_WORD, CompiledKernel
 from .pipelines import WGPU_ERRORS, PipelineCache
+from .printing import DEFAULT_LINES as DEFAULT_PRINT_LINES, HEADER as PRINT_HEADER, PrintBuffer
 
 _STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 _UNIFORM_CAPACITY = 256 * 1024    # one batch's args; >= 64 KiB (max uniform binding) + alignment
@@ -36,7 +39,7 @@ class Runtime:
     """One wgpu device and everything created on it. Get it with get_runtime()."""
 
     def __init__(self, arch=None, debug: bool = False, force_emulated_atomics: bool = False,
-                 default_fp=None, random_seed: int = 0):
+                 default_fp=None, random_seed: int = 0, print_buffer_lines: int = DEFAULT_PRINT_LINES):
         if default_fp is not None and to_dtype(default_fp) != f32:
             raise WgpuAdError(f"default_fp={default_fp!r} is not supported: wgpu_ad computes in ti.f32")
         self.arch = _adapter.normalize_arch(arch)
@@ -89,6 +92,7 @@ class Runtime:
         self.error_buffer = self.create_storage((ERROR_WORDS + 1) * 4, "wgpu_ad.errors")
         self._loop_watch: dict[str, None] = {}  # loop-checked kernels launched since the last read-back
         self.ret_buffer = self.create_storage(16, "wgpu_ad.ret")
+        self.prints = PrintBuffer(self, print_buffer_lines)  # print() in kernels (printing.py)
 
     def __repr__(self) -> str:
         return f"<wgpu_ad Runtime on {_adapter.describe(self.adapter)}{' debug' if self.debug else ''}>"
@@ -159,30 +163,38 @@ class Runtime:
         a0, a1 = offset // 4 * 4, (offset + nbytes + 3) // 4 * 4
         size = a1 - a0
         self._check_range(buffer, a0, size, "read")
-        # loop-checked kernels ran: their loop word comes back in the same copy (no extra wait)
+        # loop-checked kernels ran: their loop word comes back in the same copy (no extra wait);
+        # so does the print buffer's header when kernels that print ran (printing.py)
         watch = 4 if self._loop_watch else 0
-        staging = self._staging_buffer(size + watch)
+        printed = PRINT_HEADER * 4 if self.prints.launches else 0
+        total = size + watch + printed
+        staging = self._staging_buffer(total)
         self._end_pass()
         enc = self._get_encoder()
         enc.copy_buffer_to_buffer(buffer, a0, staging, 0, size)
         if watch:
             enc.copy_buffer_to_buffer(self.error_buffer, LOOP_LIMIT_WORD * 4, staging, size, 4)
+        if printed:
+            enc.copy_buffer_to_buffer(self.prints.buffer, 0, staging, size + watch, printed)
         self.flush()
         try:
-            staging.map_sync(wgpu.MapMode.READ, 0, size + watch)
-            data = staging.read_mapped(0, size + watch)  # a copy (memoryview of a bytearray)
+            staging.map_sync(wgpu.MapMode.READ, 0, total)
+            data = staging.read_mapped(0, total)  # a copy (memoryview of a bytearray)
             staging.unmap()
         except WGPU_ERRORS as e:
             raise GpuError(f"reading buffer '{buffer.label}' back failed: {e}") from None
         self._raise_if_lost()
+        watched = list(self._loop_watch)
+        self._loop_watch.clear()
+        if printed:  # the lines first: they may tell why a loop ran long
+            self.prints.collect(bytes(data[size + watch: total]))
         if watch:
-            self._check_loops(int.from_bytes(data[size: size + 4], "little"))
+            self._check_loops(int.from_bytes(data[size: size + 4], "little"), watched)
         return data[offset - a0: offset - a0 + nbytes]
 
-    def _check_loops(self, stopped: int) -> None:
-        """Raise when a loop-checked kernel's loop was stopped by the driver (see compiled.py)."""
-        names = list(self._loop_watch)
-        self._loop_watch.clear()
+    def _check_loops(self, stopped: int, names: list) -> None:
+        """Raise when a loop-checked kernel's loop was stopped by the driver (see compiled.py);
+        names: the loop-checked kernels launched since the last read-back."""
         if not stopped:
             return
         self.clear(self.error_buffer, 4, LOOP_LIMIT_WORD * 4)
@@ -265,6 +277,8 @@ class Runtime:
         if stack_words:
             threads = 1 if tp.serial else workgroups * tp.task.workgroup_size
             key = (*key, id(self._scratch(threads * stack_words * 4, ck.name)))
+        if tp.prints:
+            key = (*key, id(self.prints.buffer))
         hit = tp.bind_groups.get(key)
         bg = hit[0] if hit is not None else self._new_bind_group(ck, tp, key, buffers, ret)
 
@@ -311,7 +325,8 @@ class Runtime:
                 except IndexError:
                     raise GpuError(f"kernel '{ck.name}': binding wants buffer #{k} but the launch gave "
                                    f"{len(buffers)} buffers (compiler bug)") from None
-            return {"args": self._ubuf, "error": self.error_buffer, "ret": ret, "stack": self._stack_buf}[kind]
+            return {"args": self._ubuf, "error": self.error_buffer, "ret": ret, "stack": self._stack_buf,
+                    "print": self.prints.buffer}[kind]
         return self._pipelines.bind_group(ck.name, tp, key, resolve)
 
     def _scratch(self, nbytes: int, kernel: str):
@@ -324,6 +339,14 @@ class Runtime:
             size = max(1 << 16, 1 << (nbytes - 1).bit_length())
             self._stack_buf = self.create_storage(min(size, self.max_scratch_bytes), "wgpu_ad.ad_stacks")
         return self._stack_buf
+
+    def print_tag(self, kernel: str, prints: tuple, record_words: int) -> int:
+        """The print tag word of a launch of a kernel that prints (runtime/printing.py)."""
+        return self.prints.tag(kernel, prints, record_words)
+
+    def mute_prints(self):
+        """A context: kernels launched inside print nothing (ad/checkpoint.py's recomputation)."""
+        return self.prints.mute()
 
     def next_seed(self) -> int:
         """A fresh u32 seed for a kernel's RANDOM ops, reproducible from random_seed (splitmix32)."""
@@ -435,8 +458,11 @@ class Runtime:
         """The kernel return value most recently written to ret_buffer, as a Python scalar."""
         return np.frombuffer(self.read(self.ret_buffer, 4), dtype=dtype.np)[0].item()
 
-    def check_errors(self, ck: CompiledKernel) -> None:
-        """Debug mode: raise KernelRuntimeError if a launch of ck recorded a failed assert."""
+    def check_errors(self, ck: CompiledKernel, storage: Callable | None = None) -> None:
+        """Debug mode: raise KernelRuntimeError if a launch of ck recorded a failed assert.
+        storage(source): what the launcher knows of the storage a plan source names, for the
+        message of a failed gradient check (GradientNaNError; its table entry, a
+        nan_check.GradCheck, makes it)."""
         if not ck.asserts:
             return
         words = np.frombuffer(self.read(self.error_buffer, ERROR_WORDS * 4), dtype=np.uint32)
@@ -449,6 +475,8 @@ class Runtime:
         template, dtypes = ck.asserts[which - 1]
         values = [words[1 + i: 2 + i].view(to_dtype(dt).np)[0].item() for i, dt in enumerate(dtypes)]
         kind = ck.assert_kinds[which - 1] if which <= len(ck.assert_kinds) else "stack"
+        if kind == "nan":
+            raise template.error(values, storage)
         cls = KernelAssertionError if kind == "assert" else KernelRuntimeError
         raise cls(f"kernel '{ck.name}': " + template.format(*values))
 
@@ -506,13 +534,14 @@ def on_reset(hook: Callable[[], None]) -> None:
 
 
 def init(arch=None, debug: bool = False, force_emulated_atomics: bool = False, default_fp=None,
-         random_seed: int = 0, **ignored_taichi_kwargs) -> Runtime:
-    """Start (or restart, dropping all fields) the runtime. Taichi-only options are accepted and ignored."""
+         random_seed: int = 0, print_buffer_lines: int = DEFAULT_PRINT_LINES, **ignored_taichi_kwargs) -> Runtime:
+    """Start (or restart, dropping all fields) the runtime. Taichi-only options are accepted and ignored.
+    print_buffer_lines: how many lines print() in kernels may write between two read-backs."""
     global _runtime
     if _runtime is not None:
         reset()
     _runtime = Runtime(arch=arch, debug=debug, force_emulated_atomics=force_emulated_atomics,
-                       default_fp=default_fp, random_seed=random_seed)
+                       default_fp=default_fp, random_seed=random_seed, print_buffer_lines=print_buffer_lines)
     return _runtime
 
 
@@ -524,9 +553,24 @@ def reset() -> None:
         for d in _runtime._deferred:  # deferred launches belong to the fields that are gone
             d.cancel()
         _runtime._deferred.clear()
+        _flush_prints(_runtime)
     _runtime = None
     for hook in list(_reset_hooks):
         hook()
+
+
+def _flush_prints(rt: Runtime | None) -> None:
+    """Lines printed by kernels since the last read-back reach sys.stdout before the runtime goes
+    (ti.reset(), ti.init() again, the end of the program)."""
+    if rt is None or not rt.prints.launches or rt.lost is not None:
+        return
+    try:
+        rt.sync()
+    except WgpuAdError as e:  # the runtime is going away: report, instead of a traceback
+        print(f"wgpu_ad: while reading back the lines printed by kernels: {e}", file=sys.stderr)
+
+
+atexit.register(lambda: _flush_prints(_runtime))
 
 
 def get_runtime() -> Runtime:

@@ -39,7 +39,7 @@ def wgsl_error(kernel: str, task: CompiledTask, e: Exception, what: str) -> GpuE
 class TaskPipeline:
     """Everything one launch of a task needs, resolved once."""
 
-    __slots__ = ("task", "pipeline", "layout", "args_size", "args_step", "bind_groups", "serial")
+    __slots__ = ("task", "pipeline", "layout", "args_size", "args_step", "bind_groups", "serial", "prints")
 
     def __init__(self, task: CompiledTask, pipeline, layout, args_size: int, args_step: int):
         self.task = task
@@ -49,6 +49,7 @@ class TaskPipeline:
         self.args_step = args_step      # args_size rounded up to the dynamic-offset alignment
         self.bind_groups: dict = {}
         self.serial = task.serial
+        self.prints = any(b.kind == "print" for b in task.bindings)  # binds the runtime's print buffer
 
 
 class KernelPipelines:
@@ -94,7 +95,7 @@ class PipelineCache:
                 buf = {"type": wgpu.BufferBindingType.uniform, "has_dynamic_offset": True}
             elif b.kind == "buffer" and b.read_only:
                 buf = {"type": wgpu.BufferBindingType.read_only_storage}
-            elif b.kind in ("buffer", "error", "ret", "stack"):
+            elif b.kind in ("buffer", "error", "ret", "stack", "print"):
                 buf = {"type": wgpu.BufferBindingType.storage}
             else:
                 raise GpuError(f"kernel '{kernel}': unknown binding kind {b.kind!r} (compiler bug)")

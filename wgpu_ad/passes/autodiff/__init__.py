@@ -12,6 +12,7 @@ from .checks import check_differentiable
 from ...ir.clone import clone_kernel
 from .demote import demote_atomics, task_buffers
 from .fuse import NotFusable, check_fusable, fused_access
+from .nancheck import NanChecks
 from .normalize import normalize_task
 from .promote import promote_elements, snapshot_loads
 from .reverse import AdjointEmitter
@@ -56,7 +57,7 @@ def prepare_in_place(kernel: Kernel) -> tuple[Kernel, list, frozenset]:
 
 def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
                    stack_size: int = DEFAULT_STACK_SIZE, zero: tuple = (), transpose: int | None = None,
-                   fuse: bool = False) -> tuple[Kernel, AdjointInfo]:
+                   fuse: bool = False, check_nan: bool = False) -> tuple[Kernel, AdjointInfo]:
     """The adjoint kernel of `kernel` (its tasks reversed, each replaced by its adjoint), and
     its AdjointInfo.
 
@@ -70,6 +71,8 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     fuse: the forward kernel and its adjoint in one (fuse.py): the forward's tasks but the last,
     then the adjoint tasks, the first of which also does the last task's writes; raises
     NotFusable when that cannot be done.
+    check_nan: every contribution to a gradient is checked to be finite, and the operation whose
+    derivative first was not is reported (nancheck.py; the kernel's checks share one list of sites).
     """
     k, bases, redirected = prepare_in_place(kernel)
     check_differentiable(kernel, redirected)
@@ -99,17 +102,23 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     flags = {id(t): normalize_task(t) for t in k.tasks}
     adjoints = []  # (adjoint task, the primal task it comes from, that task's loop_dims for demote.py)
     fused = None
+    origins: list = []  # the sites of the NaN checks (check_nan), shared by the kernel's tasks
+
+    def checks():
+        return NanChecks(kernel.name, origins) if check_nan else None
     for t, orig in zip(reversed(k.tasks), reversed(kernel.tasks)):
         split = split_pair_task(t, orig, flags[id(t)], grads, transpose) if transpose is not None else None
         effects = fuse and not adjoints  # the last task: its adjoint does the forward's writes too
         em = AdjointEmitter(k, grads, stack_size, flags[id(t)] if split is None else frozenset(),
                             skip=split.skip if split is not None else frozenset(),
-                            double=split.double if split is not None else frozenset(), effects=effects)
+                            double=split.double if split is not None else frozenset(), effects=effects,
+                            nan=checks())
         adjoints.append((em.task(t), orig, kernel.loop_dims))
         if effects:
             fused = fused_access(adjoints[-1][0], em.kept)
         if split is not None and split.transposed is not None:
-            adjoints.append((AdjointEmitter(k, grads, stack_size, skip=split.skip_transposed).task(split.transposed),
+            adjoints.append((AdjointEmitter(k, grads, stack_size, skip=split.skip_transposed,
+                                            nan=checks()).task(split.transposed),
                              split.marker, split.loop_dims))
     before = k.tasks[:-1] if fuse else []  # the forward tasks a fused kernel runs first
     out = Kernel(k.name + ("_fused_grad" if fuse else "_grad"), before + [nt for nt, _, _ in adjoints],

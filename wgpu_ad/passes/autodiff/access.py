@@ -73,7 +73,18 @@ def _uniform(a: Affine) -> bool:
     return all(k is None or k[0] == "arg" for k in a)
 
 
-def _safe(load: Stmt, write: Stmt, write_first: bool, ld: dict) -> bool:
+def _invariant(key, loop_key, loops: dict | None) -> bool:
+    """An opaque value computed outside the serial loop `loop_key` (an argument, or e.g. a
+    counter's value before the loop): the same in each of its iterations."""
+    if key[0] == "arg":
+        return True
+    if loops is None or key[0] != "value" or loop_key[0] != "sloop":
+        return False
+    around = loops.get(key[1])
+    return around is not None and all(loop_key not in group for group in around)
+
+
+def _safe(load: Stmt, write: Stmt, write_first: bool, ld: dict, loops: dict | None = None) -> bool:
     """Can the replay of `load` see a value that `write` changed after the forward read it?"""
     li, wi = load.index, write.index
     if li is None or wi is None or len(li) != len(wi):
@@ -90,10 +101,10 @@ def _safe(load: Stmt, write: Stmt, write_first: bool, ld: dict) -> bool:
         same_element = False
         if _uniform(a):
             return True
-        loops = [key for key in a if key is not None and key[0] == "sloop"]
-        varying = [key for key in a if key is not None and key[0] != "arg"]
-        if len(loops) == 1 and varying == loops:
-            return k * a[loops[0]] > 0  # each element is stored in an earlier iteration than it is read
+        serial = [key for key in a if key is not None and key[0] == "sloop"]
+        if len(serial) == 1 and all(key is None or key == serial[0] or _invariant(key, serial[0], loops)
+                                    for key in a):
+            return k * a[serial[0]] > 0  # each element is stored in an earlier iteration than it is read
         return False
     return same_element and write_first
 
@@ -121,14 +132,14 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset())
                 if task_of[id(w)] < task_of[id(load)]:
                     continue  # an earlier dispatch wrote it: the replay reads the same value
                 write_first = pos[id(w)] < pos[id(load)]
-                if not _safe(load, w, write_first, ld) and not (
+                if not _safe(load, w, write_first, ld, loops) and not (
                         write_first and task_of[id(w)] == task_of[id(load)]
                         and _own_earlier_write(load, w, loops, ld)):
                     _refuse_read_then_write(kernel, load, w)
     for group in groups:
         writes = [s for s in group if s.op is not Op.GLOBAL_LOAD]
         for w in writes:
-            if w.op is not Op.ATOMIC and not _injective(w, loops[id(w)], ld):  # atomics accumulate
+            if w.op is not Op.ATOMIC and not _injective(w, loops[id(w)], ld, loops):  # atomics accumulate
                 _refuse_repeated_write(kernel, w)
             for w2 in writes:
                 if pos[id(w2)] <= pos[id(w)]:
@@ -137,11 +148,21 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset())
                 if both_add or _safe_writes(w, w2, ld) or (
                         task_of[id(w)] == task_of[id(w2)] and _thread_apart(w, w2, loops, ld, ranges)):
                     continue
+                if task_of[id(w)] < task_of[id(w2)] and _store_or_add(w) and _store_or_add(w2):
+                    # a later dispatch writes it again (`s[None] = 0` then `s[None] += x[i]`): the
+                    # adjoint runs the later one first, and a store's adjoint zeroes the gradient,
+                    # so each value gets the gradient of what it became; reads of the first value
+                    # in between were checked above
+                    continue
                 if _same_element(w, w2, ld) and task_of[id(w)] == task_of[id(w2)]:
                     # the same thread and iteration writes it twice (or in two branches): the
                     # adjoint walks them in reverse and zeroes the gradient after each store
                     continue
                 _refuse_overwrite(kernel, w, w2)
+
+
+def _store_or_add(w: Stmt) -> bool:
+    return w.op is Op.GLOBAL_STORE or w.attr[0] in (AtomicKind.ADD, AtomicKind.SUB)
 
 
 def _enclosing_loops(kernel: Kernel) -> dict[int, list]:
@@ -176,9 +197,10 @@ def _at_most_once(begin, end) -> bool:
             and int(end.attr) - int(begin.attr) <= 1)
 
 
-def _injective(w: Stmt, loops: list, ld: dict) -> bool:
+def _injective(w: Stmt, loops: list, ld: dict, around: dict | None = None) -> bool:
     """Does every iteration of the loops around `w` (and every thread) write a different element?
-    Proven when each loop index is alone (up to uniform terms) in a dimension of its own."""
+    Proven when each loop index is alone (up to uniform terms, and for a serial loop values
+    computed outside it: `around`, _enclosing_loops) in a dimension of its own."""
     if not loops:
         return True
     if w.index is None:
@@ -187,8 +209,8 @@ def _injective(w: Stmt, loops: list, ld: dict) -> bool:
     used = set()
     for group in loops:
         for key in group:
-            hit = next((k for k, a in enumerate(dims) if k not in used and
-                        {x for x in a if x is not None and x[0] != "arg"} == {key} and a[key] != 0), None)
+            hit = next((k for k, a in enumerate(dims) if k not in used and key in a and a[key] != 0 and
+                        all(x is None or x == key or _invariant(x, key, around) for x in a)), None)
             if hit is None:
                 return False
             used.add(hit)

@@ -50,6 +50,8 @@ def check_fusable(task: Task) -> None:
         raise NotFusable("its bounds block writes to a field")
     if any(s.op is Op.RETURN for s in walk(task.body)):
         raise NotFusable("it returns a value")
+    if any(s.op is Op.PRINT for s in walk(task.body)):
+        raise NotFusable("it prints (the adjoint's replay does not)")
 
 
 def fused_access(task: Task, kept: set) -> Fused:

@@ -37,11 +37,110 @@ def promote_elements(kernel: Kernel) -> Kernel:
         if t.kind == "range":
             par = _parallel_keys(kernel, t)
             if par is not None:
+                _demote_private_atomics(t, kernel, par)
                 mapping: dict = {}
                 _forward(t.body, kernel, par, mapping)
                 substitute(kernel, mapping)
             _block(t.body, kernel, par)
+            _inductions(t.body, kernel)
     return kernel
+
+
+def _inductions(block: Block, kernel: Kernel) -> None:
+    """Integer locals that a serial loop steps by a constant once per iteration (the seed's
+    counter `sample[row] += 1`, a local once promoted) read as what they are, affine in the loop
+    index: `base + c * (j - lo)` before the step, `+ c` after it, base being the value before the
+    loop. Their reads then index fields as provably as `j` does (`ewma[row, sample[row]]`)."""
+    for k, loop in enumerate(list(block.stmts)):
+        for b in loop.blocks:
+            _inductions(b, kernel)
+        if loop.op is not Op.RANGE_FOR:
+            continue
+        body = loop.blocks[0]
+        inner = list(walk(body))
+        if any(x.op in (Op.BREAK, Op.CONTINUE, Op.RETURN, Op.WHILE) for x in inner):
+            continue
+        stores: dict[int, list] = {}
+        for x in inner:
+            if x.op is Op.LOCAL_STORE:
+                stores.setdefault(id(x.args[0]), []).append(x)
+        for group in stores.values():
+            step = group[0]
+            var, new = step.args
+            if (len(group) != 1 or step not in body.stmts or var.dtype is None or var.dtype.is_float
+                    or new.op not in (Op.ADD, Op.SUB) or new.args[0].op is not Op.LOCAL_LOAD
+                    or new.args[0].args[0] is not var or new.args[1].op is not Op.CONST):
+                continue
+            reads = [x for x in inner if x.op is Op.LOCAL_LOAD and x.args[0] is var and x is not new.args[0]]
+            if not reads:
+                continue
+            j = next((x for x in body.stmts if x.op is Op.LOOP_INDEX and x.attr is loop), None)
+            if j is None:
+                j = Stmt(Op.LOOP_INDEX, loop.args[0].dtype, [], loop, name=loop.name, loc=loop.loc)
+                body.stmts.insert(0, j)
+            c = int(new.args[1].attr) * (1 if new.op is Op.ADD else -1)
+            dt = var.dtype
+            base = Stmt(Op.LOCAL_LOAD, dt, [var], name=var.name, loc=loop.loc)
+            block.stmts.insert(block.stmts.index(loop), base)
+            lo = loop.args[0]
+            if lo.dtype is not dt:
+                lo = Stmt(Op.CAST, dt, [lo], loc=loop.loc)
+                body.stmts.insert(body.stmts.index(j) + 1, lo)
+            jj = j if j.dtype is dt else Stmt(Op.CAST, dt, [j], loc=loop.loc)
+            steps = Stmt(Op.SUB, dt, [jj, lo], loc=loop.loc)
+            scale = Stmt(Op.CONST, dt, [], c, loc=loop.loc)
+            before = Stmt(Op.ADD, dt, [base, Stmt(Op.MUL, dt, [scale, steps], loc=loop.loc)], name=var.name,
+                          loc=loop.loc)
+            after = Stmt(Op.ADD, dt, [before, scale], name=var.name, loc=loop.loc)
+            made = ([jj] if jj is not j else []) + [steps, scale, before.args[1], before, after]
+            pos = body.stmts.index(j) + 1 + (lo is not loop.args[0])
+            body.stmts[pos:pos] = made
+            mapping, ids = {}, set(map(id, reads))
+            for top, x0 in enumerate(body.stmts):
+                for x in walk(Block([x0])):
+                    if id(x) in ids:
+                        mapping[x] = after if top > body.stmts.index(step) else before
+            substitute(kernel, mapping)
+            _remove(body, ids)
+    return None
+
+
+def _remove(block: Block, ids: set) -> None:
+    block.stmts = [x for x in block.stmts if id(x) not in ids]
+    for x in block.stmts:
+        for b in x.blocks:
+            _remove(b, ids)
+
+
+def _demote_private_atomics(t: Task, kernel: Kernel, par: set) -> None:
+    """`v[i] += e` where no other thread touches v's elements in this task (every access of v
+    holds the parallel indices the same way) and nobody uses the old value: a plain load, add and
+    store (the same result, no atomic), so that the in-place rules below see an update of the
+    thread's own element (`v[i] += 0.5 * v[i]` reads the element it then overwrites). Only where
+    the task also reads v: elsewhere an add stays an accumulation, as the tape's rules expect."""
+    loops = _enclosing_loops(kernel)
+    ld = kernel.loop_dims
+    stmts = list(walk(t.body))
+    used = {id(a) for s in stmts for a in s.args}
+    by_buf: dict[int, list] = {}
+    for s in stmts:
+        if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE):
+            by_buf.setdefault(id(s.attr), []).append(s)
+        elif s.op is Op.ATOMIC:
+            by_buf.setdefault(id(s.attr[1]), []).append(s)
+    for x in stmts:
+        if (x.op is not Op.ATOMIC or x.attr[0] not in (AtomicKind.ADD, AtomicKind.SUB) or id(x) in used
+                or x.attr[1].grad or not _private(x, kernel, par)):
+            continue
+        group = by_buf[id(x.attr[1])]
+        if not any(y.op is Op.GLOBAL_LOAD for y in group) or \
+                not all(_private_dims(x, y, loops, ld) is not None for y in group):
+            continue  # (an add to what nobody reads here stays an accumulation for the tape's rules)
+        buf = x.attr[1]
+        old = Stmt(Op.GLOBAL_LOAD, buf.dtype, [x.args[0]], buf, name=buf.name, loc=x.loc, index=x.index)
+        new = Stmt(Op.ADD if x.attr[0] is AtomicKind.ADD else Op.SUB, buf.dtype, [old, x.args[1]], loc=x.loc)
+        _insert_before(t.body, x, [old, new])
+        x.op, x.dtype, x.args, x.attr = Op.GLOBAL_STORE, None, [x.args[0], new], buf
 
 
 def _forward(block: Block, kernel: Kernel, par: set, mapping: dict) -> None:
@@ -77,7 +176,7 @@ def snapshot_loads(kernel: Kernel) -> dict[int, list]:
             continue
         order = [s for s in walk(t.body) if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE)]
         for n, load in enumerate(order):
-            if load.op is not Op.GLOBAL_LOAD or load.attr.grad or not load.attr.dtype.is_float:
+            if load.op is not Op.GLOBAL_LOAD or load.attr.grad:
                 continue
             for w in order[n + 1:]:
                 if w.op is not Op.GLOBAL_STORE or w.attr is not load.attr:

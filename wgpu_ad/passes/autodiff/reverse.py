@@ -22,7 +22,8 @@ from ...ir.nodes import Block, Buffer, Kernel, LaunchCapacity, Stmt, Task, walk
 from ...ir.ops import AtomicKind, GroupOp, Op
 from ...types import f32, i32, u1
 from ...ir.utils import jumps_to_loop
-from .rules import RULES, ZERO
+from .nancheck import NanChecks
+from .rules import PASS_THROUGH, RULES, ZERO
 
 
 @dataclass
@@ -36,8 +37,10 @@ class AdjointEmitter:
     """Builds one adjoint task. `d.mul(...)` etc. emit at the current position."""
 
     def __init__(self, kernel: Kernel, grads: dict[int, Buffer], stack_size: int, flags: set = frozenset(),
-                 skip: set = frozenset(), double: set = frozenset(), effects: bool = False):
+                 skip: set = frozenset(), double: set = frozenset(), effects: bool = False,
+                 nan: NanChecks | None = None):
         self.kernel = kernel
+        self.nan = nan                  # the NaN / Inf checks (check_nan), or None
         self.skip = skip                # ids of global loads left out of the differentiation
         self.double = double            # ids of global loads whose gradient counts twice (symmetry.py)
         # the replay also does the forward's global writes (fuse.py: forward and adjoint in one
@@ -160,8 +163,8 @@ class AdjointEmitter:
                 self.stacks[id(s)] = []  # nothing to record: its reverse loop does its writes
                 self.effects_in_reverse.add(id(s))
                 continue
-            if op in (Op.GLOBAL_STORE, Op.ATOMIC, Op.RETURN, Op.ASSERT):
-                continue  # the replay only recomputes values
+            if op in (Op.GLOBAL_STORE, Op.ATOMIC, Op.RETURN, Op.ASSERT, Op.PRINT):
+                continue  # the replay only recomputes values (the forward launch printed the lines)
             if op is Op.BREAK and self.loop_kinds and self.loop_kinds[-1] == "reverse":
                 continue  # a replayed iteration must not leave the reverse loop
             if op is Op.IF:
@@ -265,6 +268,8 @@ class AdjointEmitter:
                     g = b.load(self.adj[id(s)])
                     if id(s) in self.double:
                         g = b.mul(g, b.const(2.0, f32))
+                    if self.nan is not None:
+                        self.nan.write(b, g, self.pm[id(s.args[0])], s.attr, gbuf, s.loc)
                     acc = b.emit(Op.ATOMIC, [self.pm[id(s.args[0])], g], f32, (AtomicKind.ADD, gbuf))
                     acc.index = s.index  # lets demote.py prove one writer per element
             elif op is Op.GLOBAL_STORE:
@@ -272,7 +277,10 @@ class AdjointEmitter:
                 if id(s.attr) in self.grads:
                     gbuf, idx = self.grads[id(s.attr)], self.pm[id(s.args[0])]
                     if id(val) in self.active:
-                        self.accumulate(val, b.emit(Op.GLOBAL_LOAD, [idx], f32, gbuf))
+                        gv = b.emit(Op.GLOBAL_LOAD, [idx], f32, gbuf)
+                        if self.nan is not None:
+                            self.nan.read(b, gv, idx, s.attr, gbuf, s.loc)
+                        self.accumulate(val, gv)
                     # the store consumes the element's adjoint: the value before it was
                     # overwritten, so its gradient is zero (what an earlier write of the element,
                     # in this kernel or an earlier one, must see in the backward pass; Taichi's rule)
@@ -283,9 +291,12 @@ class AdjointEmitter:
                 g = b.load(self.adj[id(s)])
                 ops = [self.pm[id(a)] for a in s.args]
                 contribs = RULES[op](self, *ops, self.pm[id(s)], g)
-                for a, c in zip(s.args, contribs):
+                for k, (a, c) in enumerate(zip(s.args, contribs)):
                     if c is not None and id(a) in self.active:
-                        self.accumulate(a, c.fn() if isinstance(c, Lazy) else c)
+                        c = c.fn() if isinstance(c, Lazy) else c
+                        if self.nan is not None and op not in PASS_THROUGH:
+                            self.nan.derivative(b, c, s, k, ops, self.pm[id(s)], g)
+                        self.accumulate(a, c)
 
     def rev_atomic(self, s: Stmt) -> None:
         b = self.b
@@ -295,6 +306,8 @@ class AdjointEmitter:
             return
         idx = self.pm[id(s.args[0])]
         g = b.emit(Op.GLOBAL_LOAD, [idx], f32, self.grads[id(buf)])
+        if self.nan is not None:
+            self.nan.read(b, g, idx, buf, self.grads[id(buf)], s.loc)
         if kind is AtomicKind.ADD:
             self.accumulate(val, g)
         elif kind is AtomicKind.SUB:
@@ -357,6 +370,8 @@ class AdjointEmitter:
         nt.end = self.pm.get(id(t.end)) if t.end is not None else None
         self.root = nt.body
         with b.at(nt.body):
+            if self.nan is not None:
+                self.nan.declare(b)
             # kernel-scope values (the bounds block) get accumulators per iteration; their
             # adjoints flow back through the bounds statements at the end of the iteration
             self.declare_accumulators(t.bounds)

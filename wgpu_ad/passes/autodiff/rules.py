@@ -54,6 +54,10 @@ RULES = {
     Op.SELECT: lambda d, c, x, y, r, g: [None, d.select(c, g, d.zero), d.select(c, d.zero, g)],
 }
 
+# rules whose contributions are the incoming adjoint itself, negated, times a sign or zero: finite
+# wherever it is, so the NaN check (nancheck.py) does not test them
+PASS_THROUGH = frozenset({Op.NEG, Op.ABS, Op.CAST, Op.ADD, Op.SUB, Op.MIN, Op.MAX, Op.SELECT})
+
 # zero derivative almost everywhere, or not real-valued
 ZERO = GroupOp.NotDifferentiable | frozenset({Op.FLOORDIV})
 

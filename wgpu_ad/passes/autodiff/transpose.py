@@ -48,7 +48,8 @@ from ..licm import licm
 from .symmetry import symmetric_terms
 
 _REFUSED_IN_LOOP = frozenset({Op.GLOBAL_STORE, Op.RANDOM, Op.WHILE, Op.BREAK, Op.CONTINUE, Op.RETURN,
-                              Op.STACK_ALLOC, Op.STACK_PUSH, Op.STACK_POP, Op.WG_SUM, Op.WG_LEADER})
+                              Op.STACK_ALLOC, Op.STACK_PUSH, Op.STACK_POP, Op.WG_SUM, Op.WG_LEADER,
+                              Op.PRINT})
 _PREFIX_OPS_REFUSED = _REFUSED_IN_LOOP | frozenset({Op.ATOMIC, Op.IF, Op.RANGE_FOR, Op.ALLOCA,
                                                     Op.LOCAL_LOAD, Op.LOCAL_STORE})
 SUM_COST = 48  # what one subgroup-summed atomic add per iteration saves, in _WEIGHT units
