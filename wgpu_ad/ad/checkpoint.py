@@ -22,14 +22,15 @@ checkpoints (`snapshots`, default ceil(log2 T)) it places each one where the two
 reversed with the fewest steps run again (a split after C(s + r - 1, s) steps, r the fewest
 repetitions with C(s + r, s) >= the steps left), and keeps at most s + 3 copies of the state.
 "bisect" halves each segment (log2(T) + 3 copies, each step run O(log T) times again). "sqrt" keeps
-about sqrt(T) copies and runs every step about twice again. "store_all" keeps T + 1 copies and runs
+about sqrt(T) copies and runs every step about twice again. "store_all" keeps T + 2 copies and runs
 each step once again (to differentiate it).
 
 A step must do the same thing when it runs again, and the first run checks what it can:
   - ti.random() draws the same numbers again: each step's position in the random stream is kept
     (one integer per step, only when the steps draw random numbers) and set back before it reruns;
-  - a field outside `state` that a step writes must not carry values into a later step (read
-    before being written in a step): a hidden state, refused with its name ("add it to state=");
+  - a field outside `state` that a step writes must not carry values into a later step (read, or
+    accumulated into, before being stored to in a step): a hidden state, refused with its name
+    ("add it to state="); the check is per field, not per element;
   - reading a field back to Python inside a step (to_numpy, x[i], a kernel's return value) is
     refused: the step runs again during the backward pass, so whatever Python does with the value
     would happen again, out of order. Python-scope writes (fill, from_numpy, x[i] = v) are fine:
@@ -223,9 +224,8 @@ class _Run:
         self._held = 0
         self._bytes = 0
         self._at: list | None = None  # the copies the state fields hold the values of, if known
-        self._step_held = 0
         self._spare: dict = {}  # (dtype, shape, element shape) -> copies no longer needed
-        self._accesses: dict = {}  # kernel -> (reads, writes), for kernels with scalar arguments only
+        self._accesses: dict = {}  # kernel -> (reads, stores, accumulations): scalar arguments only
 
     # ---- copies ------------------------------------------------------------------------------
     def clone(self, f):
