@@ -227,23 +227,23 @@ def block(r: dict) -> str:
     base = w["ms"]["stored"]
     lines.append(f"  float64 reference: loss {ref_loss:.6g}, {wl_grad_name()} {ref_grad:.6g} (float32 over T steps "
                  f"drifts from it; the variants agree with each other)")
-    lines.append(f"  {'variant':<22} {'ms':>9} {'/stored':>8} {'kept MB':>9} {'/stored':>8} {'steps rerun':>12}  "
+    lines.append(f"  {'variant':<28} {'ms':>9} {'/stored':>8} {'kept MB':>9} {'/stored':>8} {'steps rerun':>12}  "
                  f"relative error vs float64")
-    lines.append(f"  {'stored x[t] (wgpu_ad)':<22} {base:9.0f} {1.0:8.2f} {w['stored_bytes'] * mb:9.2f} {1.0:8.2f} "
+    lines.append(f"  {'stored x[t] (wgpu_ad)':<28} {base:9.0f} {1.0:8.2f} {w['stored_bytes'] * mb:9.2f} {1.0:8.2f} "
                  f"{0:12d}  {check(w['checks']['stored'])}")
     for s, st in w["stats"].items():
         kept = st["bytes"] + st["step_bytes"]
         label = f"revolve s={w['r2_snapshots']}" if s == "revolve r=2" else s
-        lines.append(f"  {'checkpoint ' + label:<22} {w['ms'][s]:9.0f} {w['ms'][s] / base:8.2f} {kept * mb:9.3f} "
+        lines.append(f"  {'checkpoint ' + label:<28} {w['ms'][s]:9.0f} {w['ms'][s] / base:8.2f} {kept * mb:9.3f} "
                      f"{kept / w['stored_bytes']:8.4f} {st['recomputed_steps']:12d}  {check(w['checks'][s])}")
     if r["taichi"] is None:
         lines.append("  taichi: not installed (pip install taichi), so not compared")
     else:
         for arch, t in r["taichi"].items():
             if "error" in t:
-                lines.append(f"  {'stored x[t] taichi-' + arch:<22} not measured: {t['error']}")
+                lines.append(f"  {'stored x[t] taichi-' + arch:<28} not measured: {t['error']}")
                 continue
-            lines.append(f"  {'stored x[t] taichi-' + arch:<22} {t['ms']:9.0f} {t['ms'] / base:8.2f} "
+            lines.append(f"  {'stored x[t] taichi-' + arch:<28} {t['ms']:9.0f} {t['ms'] / base:8.2f} "
                          f"{w['stored_bytes'] * mb:9.2f} {1.0:8.2f} {0:12d}  {check(t['check'])}")
             lines.append(f"    revolve / taichi-{arch}: {w['ms']['revolve'] / t['ms']:.2f}x the time")
     r2 = w["ms"]["revolve r=2"] / base
