@@ -231,7 +231,7 @@ class Kernel:
                 self._note_versions(lc, args)
                 return None  # launched before anything else reaches the device, or fused with its adjoint
         taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
-        if lc.snapshots and ad.keep_copies:
+        if lc.snapshots and ad.keep_copies and not self._no_grad:  # no_grad: no adjoint reads them
             self._keep_snapshots(lc, args, taped)
         if lc.ck.ret_dtype is not None and _storage.host_guard is not None:
             _storage.host_guard(self, f"the return value of kernel '{self.__name__}'")
@@ -384,7 +384,7 @@ class Kernel:
         lc, _specs, rt = self._get(dev)
         ad = _ad_state or _ad()
         taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
-        if lc.snapshots and ad.keep_copies:
+        if lc.snapshots and ad.keep_copies and not self._no_grad:  # no_grad: no adjoint reads them
             self._keep_snapshots(lc, dev, taped)
         ret = launch(lc, dev + self._scratch(lc, taped), rt)
         Externals.to_host(bound, lc.ck, grads=False)
