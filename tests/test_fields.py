@@ -264,8 +264,8 @@ def test_layout_errors():
     y = ti.field(ti.f32, shape=4, name="y")
     with pytest.raises(WgpuAdError, match=r"field 'y' already has shape \(4,\)"):
         ti.root.place(y)
-    not_placeable = (np.zeros(2), ti.ndarray(ti.f32, shape=2), ti.field(ti.f32, shape=2, needs_grad=True).grad)
-    for bad in not_placeable:  # a NumPy array, an ndarray (a storage, not a field), a gradient field
+    not_placeable = (np.zeros(2), ti.ndarray(ti.f32, shape=2))
+    for bad in not_placeable:  # a NumPy array, an ndarray (a storage, not a field)
         with pytest.raises(WgpuAdError, match="place\\(\\) takes fields"):
             ti.root.dense(ti.i, 2).place(bad)
     with pytest.raises(WgpuAdError, match="axes must be ti.i, ti.j"):
@@ -281,11 +281,18 @@ def test_layout_errors():
 # ---- gradients and lazy_grad in every order -------------------------------------------------------
 
 def test_no_grad_message():
+    """x.grad exists for every float field (so it can be placed by hand, as in Taichi); using it
+    before it has storage says how to give it some."""
     x = ti.field(ti.f32, shape=3, name="x")
-    with pytest.raises(WgpuAdError) as e:
-        x.grad
-    assert str(e.value) == ("field 'x' has no gradient: create it with needs_grad=True or call "
-                            "ti.root.lazy_grad() before using x.grad")
+    assert x.grad.is_grad and x.grad.primal is x and not x.needs_grad
+    for use in (lambda: x.grad.to_numpy(), lambda: x.grad.fill(0), lambda: x.grad[0]):
+        with pytest.raises(WgpuAdError) as e:
+            use()
+        assert str(e.value) == ("field 'x' has no gradient: create it with needs_grad=True, call "
+                                "ti.root.lazy_grad(), or place x.grad with ti.root "
+                                "(ti.root.dense(ti.i, n).place(x, x.grad)) before using it")
+    with pytest.raises(WgpuAdError, match="field 'k' has dtype i32: only float fields have gradients"):
+        ti.field(ti.i32, shape=3, name="k").grad
     a = ti.ndarray(ti.f32, shape=3, name="a")
     with pytest.raises(WgpuAdError, match="ndarray 'a' has no gradient: create it with needs_grad=True"):
         a.grad

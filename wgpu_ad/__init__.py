@@ -23,7 +23,8 @@ from .frontend.methods import loop_config, static
 from .lang import mathlib as math
 from .lang import types_ns as types
 from .lang.field import Field, field
-from .lang.kernel import Kernel, func, kernel, real_func, template
+from .lang.kernel import Kernel, data_oriented, func, kernel, real_func, template
+from .lang.linalg import polar_decompose, svd
 from .lang.matrix import Matrix, Vector
 from .lang.ndarray import Ndarray, ndarray
 from .lang.snode import i, ij, ijk, ijkl, j, k, l, root

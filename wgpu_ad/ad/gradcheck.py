@@ -39,8 +39,9 @@ STEP = EPS_F32 ** (1 / 3)  # ~4.9e-3: truncation h^2 vs rounding eps/h balance
 NOISE_ULPS = 32.0
 
 
-class GradCheckError(WgpuAdError):
-    """Analytic and numeric gradients disagree; .report has the details."""
+class GradCheckError(WgpuAdError, AssertionError):
+    """Analytic and numeric gradients disagree; .report has the details. An AssertionError too,
+    as Taichi's failed ti.ad.Tape(grad_check=...) is."""
 
     def __init__(self, message: str, report: "GradCheckReport"):
         super().__init__(message)

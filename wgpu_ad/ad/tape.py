@@ -398,10 +398,13 @@ def check_flow(entries: list[TapeEntry], loss) -> None:
         return  # kernels that cannot list their accesses: nothing to check against
     _warn_initialisers(infos)
     if loss is not None and infos and not any(loss is w for _, _, ws, _ in infos for w in ws):
-        raise WgpuAdError(
+        # Taichi gives zero gradients here, and so do we; the warning says why
+        warnings.warn(
             f"ti.ad.Tape(loss=...): no kernel launched inside the tape writes the loss {describe(loss)}, so "
-            f"there is no gradient to propagate. Compute the loss in a kernel called inside the `with` "
-            f"block (Python-scope assignments such as {_n(loss)}[None] = ... are not recorded)")
+            f"every gradient is zero. Compute the loss in a kernel called inside the `with` block "
+            f"(Python-scope assignments such as {_n(loss)}[None] = ... are not recorded)", GradientWarning,
+            stacklevel=4)
+        return
     # Fields computed on the tape from something with a gradient, but without one themselves.
     dependent: dict[int, TapeEntry] = {}
     for e, reads, writes, _ in infos:

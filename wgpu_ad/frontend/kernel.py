@@ -10,6 +10,7 @@ import ast
 import builtins
 import copy
 import math
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,8 @@ from ..ir.ops import Op
 from ..types import DType, MatrixType, VectorType, f32, i32, u32
 from . import builtins as B
 from .loops import analyze_iter, bind_targets, loop_var_name, trip_count
-from .context import LoopCtx, ParsedFunc, ReturnCtx
+from .context import LoopCtx, ParsedFunc, ReturnCtx, static_globals
+from .inline import inlinable
 from .lower import FuncLowerer
 from .methods import loop_config as _loop_config_marker, static
 from .values import Mat, Ops, is_static
@@ -155,7 +157,7 @@ def _is_pure(fl_globals: dict, st: ast.stmt) -> bool:
             if _is_print(f, n.func):
                 return False
             if f is B.random or (isinstance(f, B.Builtin) and f.ref_first_arg) or \
-                    getattr(f, "_wgpu_ad_func", False) and not _func_is_pure(f, set()):
+                    _callee(f) is not None and not _func_is_pure(_callee(f), set()):
                 return False
     return True
 
@@ -172,7 +174,7 @@ def _func_is_pure(f, seen: set) -> bool:
         tree = f.parsed().tree
     except Exception:
         return False
-    g = f.fn.__globals__
+    g = static_globals(f.fn)
     for n in ast.walk(tree):
         if isinstance(n, (ast.Subscript, ast.Attribute)) and isinstance(n.ctx, ast.Store):
             return False
@@ -182,9 +184,14 @@ def _func_is_pure(f, seen: set) -> bool:
                 return False  # printing is an effect: not recomputed in every task
             if c is B.random or (isinstance(c, B.Builtin) and c.ref_first_arg):
                 return False
-            if getattr(c, "_wgpu_ad_func", False) and not _func_is_pure(c, seen):
+            if _callee(c) is not None and not _func_is_pure(_callee(c), seen):
                 return False
     return True
+
+
+def _callee(f):
+    """The function a kernel-scope call inlines, if any (a method's function, for obj.f(...))."""
+    return inlinable(f.__func__ if isinstance(f, types.MethodType) else f)
 
 
 def _is_print(resolved, func: ast.expr) -> bool:
@@ -256,19 +263,23 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
     serial: list[tuple[ast.stmt, dict]] = []
     tasks: list[Task] = []
 
+    # what kernel-scope statements name: the globals, closure and template arguments (a
+    # data-oriented self), for telling calls with effects from pure ones (_is_pure)
+    names = {**static_globals(pf.fn), **{s.name: s.value for s in specs if s.kind == "template"}}
+
     def new_lowerer(env: dict) -> FuncLowerer:
         return FuncLowerer(k, pf, [env, {}], ReturnCtx("kernel"))
 
     def flush_serial():
         if not serial:
             return
-        if all(_is_pure(pf.fn.__globals__, st) for st, _ in serial):
+        if all(_is_pure(names, st) for st, _ in serial):
             serial.clear()  # only defines kernel-scope variables: recomputed where used
             return
         task = Task("serial", Block(), name=f"{name}_t{len(tasks)}")
         with k.builder.at(task.body):
             fl = new_lowerer(task_env({}))
-            n_pre = len(prelude) - sum(1 for st, _ in serial if _is_pure(fl.globals, st))
+            n_pre = len(prelude) - sum(1 for st, _ in serial if _is_pure(names, st))
             for entry in prelude[:max(n_pre, 0)]:
                 _replay(fl, entry, tasks)
             _forget_moved(fl, k)
@@ -277,7 +288,7 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
         tasks.append(task)
         for st, _ in serial:
             for n in ast.walk(st):
-                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and not _is_pure(fl.globals, st):
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and not _is_pure(names, st):
                     k.moved_names.setdefault(n.id, (
                         f"'{n.id}' was assigned at line {st.lineno + pf.line_offset} in a part of the kernel that "
                         f"runs as its own GPU pass (it writes fields or calls functions with effects), so later "
@@ -328,14 +339,14 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
                 if after:
                     process(after[1], env)
                 continue
-            if _is_pure(probe.globals, st):
+            if _is_pure(names, st):
                 prelude.append((st, env, len(tasks)))
             serial.append((st, env))
         return
 
     process(pf.tree.body, {})
     # trailing pure statements with no effects need no task of their own
-    if serial and all(_is_pure(new_lowerer({}).globals, st) for st, _ in serial):
+    if serial and all(_is_pure(names, st) for st, _ in serial):
         serial.clear()
     flush_serial()
     kern = k.kernel

@@ -57,6 +57,12 @@ def grouped(x) -> Grouped:
     return Grouped(x)
 
 
+# called in a kernel with GPU values (kernel arguments, ndarray shapes), these build the loop's
+# description at compile time: lower_call (methods.py) calls them like a compile-time function
+ndrange._wgpu_ad_iterable = True
+grouped._wgpu_ad_iterable = True
+
+
 @dataclass
 class LoopSpec:
     dims: list            # [(lo, hi)], ints or i32 Stmts

@@ -446,7 +446,10 @@ class FuncLowerer(ast.NodeVisitor):
         if isinstance(base, Stmt):
             raise self.error(node, f"a scalar has no attribute '{node.attr}'")
         try:
-            return getattr(base, node.attr)
+            v = getattr(base, node.attr)
+            if getattr(v, "name", 0) is None and hasattr(v, "gpu_buffer") and not getattr(v, "is_grad", False):
+                v.name = node.attr  # a field held by an object (self.x): named after the attribute
+            return v
         except WgpuAdError:
             raise
         except AttributeError:

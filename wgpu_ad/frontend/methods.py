@@ -4,13 +4,14 @@ from __future__ import annotations
 import ast
 import builtins as _py
 import math
+import types
 
 from ..errors import CompileError, UnsupportedError
 from ..ir.nodes import Stmt
 from ..ir.ops import Op
 from ..types import DType, MatrixType, VectorType, f32, i32, to_dtype, u1
 from . import builtins as B
-from .inline import inline_func
+from .inline import NUMERIC_MODULES, PlainFunc, inline_func, inlinable, module_root
 from .printing import lower_print
 from .refs import (GlobalRef, LocalRef, Ref, bounds_assert, component_ref, linear_index,
                    swizzle_ref)
@@ -242,9 +243,17 @@ def lower_call(fl, node: ast.Call):
             return callee.lower(o, *args, **kwargs)
         except TypeError as e:
             raise fl.error(node, f"bad arguments to ti.{callee.name}(): {e}") from None
-    if getattr(callee, "_wgpu_ad_func", False):
+    func, first = inlinable(callee), []
+    bound = callee if isinstance(callee, types.MethodType) else getattr(callee, "__call__", None)
+    if func is None and isinstance(bound, types.MethodType) and not isinstance(callee, type):
+        func = inlinable(bound.__func__)  # obj.method(...) or a callable object: self comes first
+        first = [bound.__self__]
+    if func is not None:
         args, kwargs = _args(fl, node)
-        return inline_func(fl, callee, args, kwargs, node)
+        if isinstance(func, PlainFunc) and all(is_static(a) for a in args) and \
+                all(is_static(v) for v in kwargs.values()) and func.python_only():
+            return callee(*args, **kwargs)  # Python-only code on compile-time values: run it
+        return inline_func(fl, func, first + args, kwargs, node)
     if getattr(callee, "_wgpu_ad_kernel", False):
         raise fl.error(node, "a kernel cannot call another kernel; decorate the callee with @ti.func instead")
     if isinstance(callee, (VectorType, MatrixType)):
@@ -264,6 +273,17 @@ def lower_call(fl, node: ast.Call):
     if callee is _py.len:
         a = args[0]
         return a.n if isinstance(a, Mat) else len(a)
+    if getattr(callee, "_wgpu_ad_iterable", False):  # ti.ndrange / ti.grouped: built at compile time
+        if kwargs:
+            raise fl.error(node, f"ti.{callee.__name__}() takes no keyword arguments")
+        if callee.__name__ == "ndrange":
+            for d in (d for a in args for d in (a if isinstance(a, (tuple, list)) else (a,))):
+                if isinstance(d, Mat) or isinstance(d, float) or (isinstance(d, Stmt) and d.dtype.is_float):
+                    raise fl.error(node, "ti.ndrange() bounds must be integers; convert with int(...)")
+        try:
+            return callee(*args)
+        except ValueError as e:
+            raise fl.error(node, str(e)) from None
     if callee is _py.range and not all_static:
         raise fl.error(node, "range() with GPU-computed bounds can only be used as a for loop's iterable")
     if callee in B.PY_BUILTINS:
@@ -275,8 +295,35 @@ def lower_call(fl, node: ast.Call):
     if all_static and callable(callee):
         return callee(*args, **kwargs)  # plain Python on compile-time values (like ti.static code)
     name = getattr(callee, "__name__", type(callee).__name__)
-    raise fl.error(node, f"'{name}' is called with GPU values but is neither a @ti.func nor a wgpu_ad builtin; "
-                         f"decorate it with @ti.func")
+    lib = module_root(callee)
+    if lib in NUMERIC_MODULES:
+        raise fl.error(node, f"'{ast.unparse(node.func)}' is a {_LIBRARY_NAMES.get(lib, lib)} function and cannot run "
+                             f"on GPU values in a kernel; use {_ti_equivalent(name)}")
+    origin = f" (from {lib.lstrip('_')})" if lib else ""
+    raise fl.error(node, f"'{name}'{origin} cannot run on GPU values in a kernel: only "
+                         f"@ti.func, Python functions and lambdas defined in your code, and wgpu_ad builtins can")
+
+
+_LIBRARY_NAMES = {"numpy": "NumPy", "math": "math module", "cmath": "cmath module", "torch": "PyTorch",
+                  "scipy": "SciPy", "jax": "JAX", "cupy": "CuPy"}
+# NumPy / math names whose wgpu_ad spelling differs (the rest: ti.<same name> where it exists)
+_TI_SPELLING = {"arcsin": "ti.asin", "arccos": "ti.acos", "arctan": "ti.atan", "arctan2": "ti.atan2",
+                "absolute": "ti.abs", "fabs": "ti.abs", "rint": "ti.round", "power": "ti.pow",
+                "maximum": "ti.max", "fmax": "ti.max", "minimum": "ti.min", "fmin": "ti.min",
+                "clip": "ti.math.clamp", "dot": "ti.math.dot (or a.dot(b))", "cross": "ti.math.cross",
+                "norm": "v.norm()", "hypot": "ti.sqrt(x * x + y * y)", "square": "x * x",
+                "exp2": "ti.math.exp2", "log2": "ti.math.log2", "degrees": "ti.math.degrees",
+                "radians": "ti.math.radians", "sign": "ti.math.sign", "fmod": "x - y * ti.floor(x / y) or %",
+                "inv": "m.inverse()", "det": "m.determinant()", "transpose": "m.transpose()",
+                "svd": "ti.svd", "where": "ti.select"}
+
+
+def _ti_equivalent(name: str) -> str:
+    if name in _TI_SPELLING:
+        return _TI_SPELLING[name]
+    if isinstance(getattr(B, name, None), B.Builtin):
+        return f"ti.{name}"
+    return "the ti. functions (ti.sin, ti.exp, ti.sqrt, ti.math.clamp ...: see the README's supported list)"
 
 
 def _args(fl, node: ast.Call):

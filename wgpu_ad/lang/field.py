@@ -19,9 +19,25 @@ class Field(Storage):
 
     def __init__(self, dtype: DType, shape: tuple | None, element_shape: tuple = (), name: str | None = None):
         super().__init__(dtype, shape, element_shape, name)
+        # a float field's gradient field exists from the start (as in Taichi), to be placed by hand
+        # (ti.root.dense(...).place(x.grad)); it holds data once placed that way, by needs_grad=True
+        # or by ti.root.lazy_grad() (then x._grad is it)
+        self._grad_handle: Field | None = None
+        self._placed_by_hand = False  # a gradient placed with place(x.grad)
+
+    @property
+    def grad(self) -> "Field":
+        if self._grad is None and not self.is_grad and self.dtype.is_float:
+            if self._grad_handle is None:
+                g = self._grad_handle = Field(self.dtype, None, self.element_shape)
+                g.is_grad, g.primal = True, self
+            return self._grad_handle
+        return super().grad
 
     @property
     def shape(self) -> tuple[int, ...]:
+        if self.is_grad and self.primal._grad is not self:
+            raise WgpuAdError(self.primal._no_grad_message())
         if self._shape is None:
             n = (self.primal.name if self.is_grad else self.name) or "x"
             raise WgpuAdError(f"{self._label()} has no shape yet: give it shape= when creating it, or place "
@@ -33,23 +49,51 @@ class Field(Storage):
         return self._shape is not None
 
     def _place(self, shape: tuple) -> None:
+        if self.is_grad:
+            return self._place_grad(shape)
         if self._shape is not None:
             raise WgpuAdError(f"{self._label()} already has shape {self._shape}; a field is placed once "
                               f"(create it without shape= to place it with ti.root)")
         self._check_alive()
+        g = self._grad
+        if g is not None and g._shape is not None and g._shape != shape:
+            raise WgpuAdError(f"{self._label()} is placed with shape {shape}, but its gradient was placed with "
+                              f"shape {g._shape}; a gradient has its field's shape")
         self._shape = shape
-        if self._grad is not None:
-            self._grad._shape = shape
+        if g is not None:
+            g._shape = shape
+
+    def _place_grad(self, shape: tuple) -> None:
+        """place(x.grad): the gradient gets storage of x's shape, and x has a gradient from now on."""
+        p = self.primal
+        p._check_alive()
+        n = p.name or "x"
+        if self._placed_by_hand:
+            raise WgpuAdError(f"{self._label()} is already placed; a field is placed once")
+        want = p._shape if p._shape is not None else self._shape
+        if want is not None and want != shape:
+            raise WgpuAdError(f"{n}.grad is placed with shape {shape}, but {p._label()} has shape {want}; place "
+                              f"the gradient with its field's shape")
+        self._shape = shape
+        self._placed_by_hand = True
+        p._attach_grad()
 
     def _new_grad(self) -> "Field":
-        return Field(self.dtype, self._shape, self.element_shape)
+        g = self._grad_handle  # x.grad was taken before it had storage: that object becomes it
+        if g is None:
+            return Field(self.dtype, self._shape, self.element_shape)
+        if g._shape is None:
+            g._shape = self._shape
+        return g
 
     def _no_grad_message(self) -> str:
         if self.is_grad:
             return super()._no_grad_message()
         n = self.name or "x"
-        return (f"{self._label()} has no gradient: create it with needs_grad=True or call "
-                f"ti.root.lazy_grad() before using {n}.grad")
+        if not self.dtype.is_float:
+            return f"{self._label()} has dtype {self.dtype}: only float fields have gradients"
+        return (f"{self._label()} has no gradient: create it with needs_grad=True, call ti.root.lazy_grad(), "
+                f"or place {n}.grad with ti.root (ti.root.dense(ti.i, n).place({n}, {n}.grad)) before using it")
 
 
 def _make(dtype, shape, element_shape: tuple, name, needs_grad: bool, offset, what: str) -> Field:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -85,6 +86,10 @@ class Func:
     def __call__(self, *args, **kwargs):
         raise WgpuAdError(f"@ti.func '{self.fn.__name__}' can only be called from a kernel or another ti.func")
 
+    def __get__(self, obj, objtype=None):
+        """A @ti.func method of a @ti.data_oriented class: obj.f(...) in a kernel passes obj as self."""
+        return self if obj is None else types.MethodType(self, obj)
+
 
 def func(fn: Callable) -> Func:
     """`@ti.func`: a function callable from kernels and other funcs, inlined where it is called
@@ -118,6 +123,11 @@ class Kernel:
         self.sig = inspect.signature(fn)
         self.params = list(self.sig.parameters.values())
         self.anns = [_annotation(fn, p) for p in self.params]
+        # defined in a class body (a @ti.data_oriented class): obj.kernel(...) passes obj as the
+        # first argument, a template unless annotated otherwise
+        self._method = _in_class_body(fn) and bool(self.params)
+        if self._method and self.anns[0] is inspect.Parameter.empty:
+            self.anns[0] = Template()
         for p, a in zip(self.params, self.anns):
             if a is inspect.Parameter.empty:
                 raise CompileError(f"kernel '{fn.__name__}': argument '{p.name}' needs a type annotation "
@@ -143,6 +153,13 @@ class Kernel:
                                 and a not in (Template, NdarrayType) for a in self.anns)
         self._ndarrays = [k for k, a in enumerate(self.anns) if isinstance(a, NdarrayType) or a is NdarrayType]
         self._no_grad = False
+        # objects passed for template arguments (a data-oriented `self`), kept alive: compiled
+        # kernels are found by the object's id, which must not be reused by a later object
+        self._pinned: dict[int, Any] = {}
+
+    def __get__(self, obj, objtype=None):
+        """obj.kernel(...) on a @ti.data_oriented object: the kernel with obj as self."""
+        return self if obj is None or not self._method else BoundKernel(self, obj)
 
     def _has_external(self, args) -> bool:
         """Whether a NumPy array or a torch tensor is passed for an ndarray argument."""
@@ -158,7 +175,11 @@ class Kernel:
         for p, ann, v in zip(self.params, self.anns, args):
             if isinstance(ann, Template) or ann is Template:
                 specs.append(ArgSpec(p.name, "template", value=v))
-                key.append(("t", id(v) if not isinstance(v, (int, float, bool, str)) else (type(v), v)))
+                if isinstance(v, (int, float, bool, str)):
+                    key.append(("t", (type(v), v)))
+                else:
+                    key.append(("t", id(v)))
+                    self._pinned.setdefault(id(v), v)
             elif isinstance(ann, NdarrayType) or ann is NdarrayType:
                 specs.append(self._ndarray_spec(p.name, ann, v))
                 s = specs[-1]
@@ -522,6 +543,62 @@ class _GradLauncher:
         k._recycle(snaps)
         k._recycle_scratch(fwd, scratch)
         return ret
+
+
+class BoundKernel:
+    """A kernel of a @ti.data_oriented object: calls, .grad and inspection pass the object as
+    self. The tape records the kernel itself with the object as its first argument."""
+
+    _wgpu_ad_kernel = True
+
+    def __init__(self, k: Kernel, obj):
+        self.kernel, self.obj = k, obj
+        self.__name__ = k.__name__
+        self.__doc__ = k.__doc__
+
+    def __call__(self, *args, **kwargs):
+        return self.kernel(self.obj, *args, **kwargs)
+
+    def grad(self, *args, **kwargs):
+        return self.kernel.grad(self.obj, *args, **kwargs)
+
+    def footprint(self, *args):
+        return self.kernel.footprint(self.obj, *args)
+
+    def accessed(self, *args):
+        return self.kernel.accessed(self.obj, *args)
+
+    def get_ir(self, *args) -> str:
+        return self.kernel.get_ir(self.obj, *args)
+
+    def get_wgsl(self, *args, grad: bool = False) -> str:
+        return self.kernel.get_wgsl(self.obj, *args, grad=grad)
+
+    def get_grad_ir(self, *args) -> str:
+        return self.kernel.get_grad_ir(self.obj, *args)
+
+    def print_ir(self, *args) -> None:
+        self.kernel.print_ir(self.obj, *args)
+
+    def print_wgsl(self, *args) -> None:
+        self.kernel.print_wgsl(self.obj, *args)
+
+    def __repr__(self) -> str:
+        return f"<bound wgpu_ad kernel {self.__name__} of {self.obj!r}>"
+
+
+def _in_class_body(fn: Callable) -> bool:
+    parts = fn.__qualname__.split(".")
+    return len(parts) >= 2 and parts[-2] != "<locals>"
+
+
+def data_oriented(cls):
+    """@ti.data_oriented (Taichi's): a class whose methods may be @ti.kernel (self is passed as a
+    compile-time template, so kernels read the fields the object holds: self.x) and @ti.func."""
+    if not isinstance(cls, type):
+        raise WgpuAdError(f"@ti.data_oriented decorates a class, got {type(cls).__name__}")
+    cls._data_oriented = True
+    return cls
 
 
 def kernel(fn: Callable) -> Kernel:

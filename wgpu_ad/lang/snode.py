@@ -91,11 +91,12 @@ class SNode:
         shape = self.shape
         for f in fields:
             # a Field, known by its class marker: field.py imports this module, not the reverse
-            if getattr(f, "is_field", False) is not True or f.is_grad:
+            if getattr(f, "is_field", False) is not True:
                 raise WgpuAdError(f"place() takes fields made with ti.field / ti.Vector.field without "
-                                  f"shape=, got {f!r}")
+                                  f"shape=, or their gradients (x.grad), got {f!r}")
             f._place(shape)
-            root._adopt(f)
+            if not f.is_grad:  # a gradient placed by hand (place(x.grad)) is x's, not a field of its own
+                root._adopt(f)
         return self
 
     def __repr__(self) -> str:
