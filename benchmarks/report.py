@@ -142,6 +142,11 @@ def targets(out: dict) -> list[dict]:
     t = out.get("torch")
     if t:
         _target(rows, "torch bridge fwd+bwd / bare kernels + copies <= 1.2", t.get("ratio"), 1.2)
+    ck = out.get("checkpoint")
+    if ck:
+        from benchmarks.checkpoint import targets as checkpoint_targets
+        r = checkpoint_targets(ck) or {}
+        _target(rows, "checkpoint cloth: revolve / stored x[t] <= 2.5", r.get("revolve_over_stored"), 2.5)
     fm = out.get("fwdmode")
     for c in (fm or {}).get("cases", ()):
         label = c["workload"] + " " + " ".join(f"{k}={v}" for k, v in c["params"].items())

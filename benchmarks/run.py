@@ -4,8 +4,9 @@
     python benchmarks/run.py ...          (the same)
 
 NAME is a workload (gravity, cloth, reduction, scatter, launch), `compile`, `torch` (the PyTorch
-bridge against bare kernels, wgpu_ad only; when torch is installed) or `fwdmode` (forward mode's
-JVP against the forward pass on gravity and cloth, wgpu_ad only). Each system runs
+bridge against bare kernels, wgpu_ad only; when torch is installed), `checkpoint` (ti.ad.checkpoint
+on the cloth, n=32 T=2000; --checkpoint-steps T for a quicker run; benchmarks/checkpoint.py) or
+`fwdmode` (forward mode's JVP against the forward pass on gravity and cloth, wgpu_ad only). Each system runs
 in its own worker process; within every repetition the systems take turns (A B C D A B C D ...)
 so machine noise hits all of them alike. Medians are printed with the ratio wgpu_ad / system
 (below 1: wgpu_ad is faster), then each system's loss and gradient entry against a float64
@@ -25,11 +26,11 @@ import time
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import compile_time, forward_mode, report, torch_bridge
+from benchmarks import checkpoint, compile_time, forward_mode, report, torch_bridge
 from benchmarks.systems import ALL_SYSTEMS, Worker, WorkerError, default_systems
 from benchmarks.workloads import Case, full_cases, quick_cases
 
-WORKLOADS = ("gravity", "cloth", "reduction", "scatter", "launch", "compile", "torch", "fwdmode")
+WORKLOADS = ("gravity", "cloth", "reduction", "scatter", "launch", "compile", "torch", "checkpoint", "fwdmode")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -42,6 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help=f"comma-separated subset of {', '.join(ALL_SYSTEMS)} (default: all available; "
                          f"Taichi when `import taichi` works)")
     ap.add_argument("--reps", type=int, default=None, help="repetitions per case (default: per case)")
+    ap.add_argument("--checkpoint-steps", type=int, default=None, metavar="T",
+                    help="time steps of the checkpoint benchmark (default 2000; 40 with --quick)")
     args = ap.parse_args(argv)
     args.only = [w for item in args.only for w in item.split(",") if w]
     bad = [w for w in args.only if w not in WORKLOADS]
@@ -54,6 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         bad = [s for s in args.systems if s not in ALL_SYSTEMS]
         if bad:
             ap.error(f"--systems: unknown system(s) {bad}; expected some of {', '.join(ALL_SYSTEMS)}")
+    if args.checkpoint_steps is not None and args.checkpoint_steps < 1:
+        ap.error(f"--checkpoint-steps must be at least 1, got {args.checkpoint_steps}")
     if args.reps is not None and args.reps < 1:
         ap.error(f"--reps must be at least 1, got {args.reps}")
     return args
@@ -126,9 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if c.workload in args.only]
     do_compile = not args.only or "compile" in args.only
     do_torch = (not args.only or "torch" in args.only) and "wgpu_ad" in args.systems
+    do_checkpoint = (not args.only or "checkpoint" in args.only) and "wgpu_ad" in args.systems
     do_fwdmode = (not args.only or "fwdmode" in args.only) and "wgpu_ad" in args.systems
     out = {"machine": machine_info(), "quick": args.quick, "systems": args.systems, "cases": [], "compile": None,
-           "torch": None, "fwdmode": None}
+           "torch": None, "checkpoint": None, "fwdmode": None}
     print(f"benchmarks on {out['machine']['cpu']} ({out['machine']['cores']} cores); systems: "
           f"{', '.join(args.systems)}{' (quick)' if args.quick else ''}", flush=True)
     load = out["machine"]["load_avg_at_start"]
@@ -155,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     if do_torch:
         out["torch"] = torch_bridge.measure(args.quick, args.reps)
         print(torch_bridge.block(out["torch"]), flush=True)
+    if do_checkpoint:
+        out["checkpoint"] = checkpoint.measure(args.quick, args.reps, args.checkpoint_steps,
+                                               taichi=any(s.startswith("taichi") for s in args.systems))
+        print(checkpoint.block(out["checkpoint"]), flush=True)
     if do_fwdmode:
         out["fwdmode"] = forward_mode.measure(args.quick, args.reps)
         print(forward_mode.block(out["fwdmode"]), flush=True)

@@ -1,17 +1,18 @@
 """A mass-spring cloth falling on a sphere and the ground; drag it with the mouse. With --optimize,
 differentiable cloth: learn the initial velocity of every vertex so that the cloth's centre of mass
-lands on a target, by gradient descent through the whole simulation (ti.ad.Tape).
+lands on a target, by gradient descent through the whole simulation: 2000 steps that update the
+state in place, differentiated by ti.ad.checkpoint with about log2(2000) copies of the state.
 
     python examples/cloth.py [--n 32]                  # interactive: LMB drags a vertex, RMB orbits
     python examples/cloth.py --headless --frames 20    # PNG frames in ./frames (automatic without a display)
-    python examples/cloth.py --optimize [--iters 30]   # progress bar; loss curve in ./frames/cloth_loss.png
+    python examples/cloth.py --optimize [--iters 30] [--steps 2000]   # loss curve in ./frames/cloth_loss.png
 
 Keys: p pause, s step (while paused), r reset, ESC quit.
 
-One kernel launch is one time step: it reads state t and writes state t + 1 of fields with a time
-axis, so the live view (a ring of two states) and the optimisation (every step stored, so each
-adjoint reads what its forward read) share one kernel. Contacts are written with ti.select on
-local values, so the step stays one differentiable expression per vertex.
+The live cloth: one kernel launch is one time step, reading state t and writing state t + 1 of a
+ring of two states. The optimised cloth (InPlaceCloth) keeps one state and updates it in place (the
+forces into f, then x and v), as a simulator is naturally written. Contacts are written with
+ti.select on local values, so each step stays one differentiable expression per vertex.
 """
 from __future__ import annotations
 
@@ -188,24 +189,117 @@ def _fields(pos: np.ndarray, nrm: np.ndarray, idx: np.ndarray) -> tuple:
 
 # ---- optimisation ---------------------------------------------------------------------------
 
-class ClothOptimizer:
-    """The loss |centre of mass at the last step - target|^2 as a function of the initial velocity
-    of every vertex, through `steps` stored time steps, and its gradient from ti.ad.Tape."""
+class InPlaceCloth:
+    """The cloth for --optimize, written the natural way: one state (x, v) updated in place by two
+    kernels per step (the forces into f, then x and v), the same physics and contacts as Cloth."""
 
-    def __init__(self, n: int, steps: int, target=TARGET, **cloth_kw):
-        self.cloth = c = Cloth(n, states=steps + 1, ring=False, **cloth_kw)
-        self.n, self.steps, self.target = n, steps, tuple(float(t) for t in target)
+    def __init__(self, n: int, stiffness: float = 2e4, damping: float = 0.1, drag: float = 0.5,
+                 friction: float = 8.0, dt: float | None = None):
+        if n < 3:
+            raise ValueError(f"InPlaceCloth(n={n}): the cloth needs at least 3 x 3 vertices")
+        self.n = n
+        self.dt = dt_ = dt if dt is not None else stable_dt(n, stiffness)
+        q = 1.0 / (n - 1)
+        x = ti.Vector.field(3, ti.f32, shape=(n, n), needs_grad=True)
+        v = ti.Vector.field(3, ti.f32, shape=(n, n), needs_grad=True)
+        f = ti.Vector.field(3, ti.f32, shape=(n, n), needs_grad=True)
+        v0 = ti.Vector.field(3, ti.f32, shape=(n, n), needs_grad=True)   # the initial velocity
+        verts = ti.Vector.field(3, ti.f32, shape=n * n)
+        normals = ti.Vector.field(3, ti.f32, shape=n * n)
+        self.x, self.v, self.f, self.v0, self.verts, self.normals = x, v, f, v0, verts, normals
+        self.indices, self.colors = _grid_mesh(n)
+        cx, cy, cz, R = *SPHERE_C, SPHERE_R
+        decay, slide = math.exp(-drag * dt_), math.exp(-friction * dt_)
+        offs = [o for o, _ in SPRINGS]
+        ks = [stiffness * s for _, s in SPRINGS]
+        rests = [q * math.hypot(*o) for o in offs]
+        cs = [damping * 2.0 * math.sqrt(k / r) for k, r in zip(ks, rests)]
+
+        @ti.kernel
+        def init_x():
+            for a, b in ti.ndrange(n, n):
+                x[a, b] = [a * q - 0.5, HEIGHT, b * q - 0.5]
+
+        @ti.kernel
+        def set_v0():  # on the tape, so v0.grad receives the gradient of the initial v
+            for a, b in ti.ndrange(n, n):
+                v[a, b] = v0[a, b]
+
+        @ti.kernel
+        def forces():
+            for a, b in ti.ndrange(n, n):
+                xi, vi = x[a, b], v[a, b]
+                acc = ti.Vector([0.0, -GRAVITY, 0.0])  # unit masses
+                for k in ti.static(range(len(offs))):
+                    a2, b2 = a + offs[k][0], b + offs[k][1]
+                    if 0 <= a2 < n and 0 <= b2 < n:
+                        d = xi - x[a2, b2]
+                        length = d.norm(1e-12)
+                        u = d / length
+                        acc += -ks[k] * (length / rests[k] - 1.0) * u
+                        acc += -cs[k] * (vi - v[a2, b2]).dot(u) * u
+                f[a, b] = acc
+
+        @ti.kernel
+        def integrate():  # x and v in place: each thread reads and overwrites its own vertex
+            for a, b in ti.ndrange(n, n):
+                xi = x[a, b]
+                vn = v[a, b] * decay + dt_ * f[a, b]
+                xn = xi + dt_ * vn
+                d = xn - ti.Vector([cx, cy, cz])
+                dist = d.norm(1e-12)
+                nrm = d / dist
+                hit = dist < R
+                vdn = vn.dot(nrm)
+                xn = ti.select(hit, ti.Vector([cx, cy, cz]) + R * nrm, xn)
+                vn = ti.select(hit, (vn - vdn * nrm) * slide + ti.max(vdn, 0.0) * nrm, vn)
+                low = xn[1] < 0.0
+                xn = ti.select(low, ti.Vector([xn[0], 0.0, xn[2]]), xn)
+                vn = ti.select(low, ti.Vector([vn[0] * slide, ti.max(vn[1], 0.0), vn[2] * slide]), vn)
+                x[a, b] = xn
+                v[a, b] = vn
+
+        @ti.kernel
+        def to_mesh():
+            for a, b in ti.ndrange(n, n):
+                i = a * n + b
+                verts[i] = x[a, b]
+                du = x[ti.min(a + 1, n - 1), b] - x[ti.max(a - 1, 0), b]
+                dv = x[a, ti.min(b + 1, n - 1)] - x[a, ti.max(b - 1, 0)]
+                c = dv.cross(du)
+                normals[i] = c / c.norm(1e-20)
+
+        self.init_x, self.set_v0, self.forces, self.integrate, self._to_mesh = init_x, set_v0, forces, integrate, to_mesh
+
+    def step(self, t: int = 0) -> None:
+        """One time step, in place."""
+        self.forces()
+        self.integrate()
+
+    def to_mesh(self, t: int = 0) -> None:
+        self._to_mesh()
+
+
+class ClothOptimizer:
+    """The loss |centre of mass after `steps` steps - target|^2 as a function of the initial
+    velocity of every vertex, and its gradient: the steps update (x, v) in place and
+    ti.ad.checkpoint differentiates them with about log2(steps) copies of the state."""
+
+    def __init__(self, n: int, steps: int, target=TARGET, schedule: str = "revolve", **cloth_kw):
+        self.cloth = c = InPlaceCloth(n, **cloth_kw)
+        self.n, self.steps, self.target, self.schedule = n, steps, tuple(float(t) for t in target), schedule
+        self.stats = None  # the last forward pass's ti.ad.CheckpointStats
         x = c.x
         com = ti.Vector.field(3, ti.f32, shape=(), needs_grad=True)
         loss = ti.field(ti.f32, shape=(), needs_grad=True)
         self.com, self.loss = com, loss
-        T, inv = steps, 1.0 / (n * n)
+        inv = 1.0 / (n * n)
         tx, ty, tz = self.target
 
         @ti.kernel
         def centre():
             for a, b in ti.ndrange(n, n):
-                com[None] += inv * x[T, a, b]
+                com[None] += inv * x[a, b]
 
         @ti.kernel
         def compute_loss():
@@ -213,35 +307,40 @@ class ClothOptimizer:
             loss[None] = d.dot(d)
 
         self.centre, self.compute_loss = centre, compute_loss
-        c.init(0)  # x[0]; v[0] is written from v0 on the tape
+
+    def stored_bytes(self) -> int:
+        """What storing every step would keep instead: steps + 1 copies of x and v."""
+        return (self.steps + 1) * (self.cloth.x.nbytes + self.cloth.v.nbytes)
 
     def forward(self, v0: np.ndarray, grad: bool = True) -> tuple[float, np.ndarray | None]:
         """The loss for initial velocities v0 (n, n, 3), and its gradient dloss/dv0 when grad."""
         c = self.cloth
         c.v0.from_numpy(np.asarray(v0, np.float32))
+        c.init_x()
         self.com.fill(0)
         with ti.ad.Tape(loss=self.loss) if grad else contextlib.nullcontext():
             c.set_v0()
-            for t in range(self.steps):
-                c.step(t)
+            self.stats = ti.ad.checkpoint(c.step, steps=self.steps, state=[c.x, c.v], schedule=self.schedule)
             self.centre()
             self.compute_loss()
         return float(self.loss[None]), (c.v0.grad.to_numpy() if grad else None)
 
 
-def optimize(n: int = 12, duration: float = 0.45, iters: int = 30, lr: float = 0.2, decay: float = 0.93,
-             target=TARGET, stiffness: float = 2e3, progress: bool = True, result: dict | None = None,
-             **cloth_kw) -> list[float]:
-    """Learn the initial velocity field by Adam (NumPy) on the tape's gradient; returns the loss of
-    every iteration (before its update). The cloth is softer than the live one so that `duration`
-    seconds take few steps. `result`, when given, receives the optimiser and the final parameters."""
-    steps = max(1, math.ceil(duration / stable_dt(n, stiffness)))
-    opt = ClothOptimizer(n, steps, target, stiffness=stiffness, dt=duration / steps, **cloth_kw)
+def optimize(n: int = 12, duration: float = 0.6, iters: int = 30, lr: float = 0.2, decay: float = 0.93,
+             target=TARGET, steps: int = 2000, stiffness: float = 2e4, progress: bool = True,
+             result: dict | None = None, **cloth_kw) -> list[float]:
+    """Learn the initial velocity field by Adam (NumPy) on the gradient through `steps` steps of
+    `duration` seconds in all; returns the loss of every iteration (before its update). The
+    stiffness is lowered where needed to keep the steps stable. `result`, when given, receives the
+    optimiser and the final parameters."""
+    dt = duration / steps
+    stiffness = min(stiffness, (0.35 / dt) ** 2 / (n - 1))  # stable_dt(n, stiffness) >= dt
+    opt = ClothOptimizer(n, steps, target, stiffness=stiffness, dt=dt, **cloth_kw)
     p = np.zeros((n, n, 3), np.float32)
     m, s = np.zeros_like(p), np.zeros_like(p)
     b1, b2 = 0.7, 0.999  # little momentum: the loss is nearly quadratic, overshoot only hurts
     history: list[float] = []
-    bar = Progress(iters, f"cloth {n}x{n}, {steps} steps", enabled=progress)
+    bar = Progress(iters, f"cloth {n}x{n}, {steps} steps in place", enabled=progress)
     for it in range(iters):
         loss, g = opt.forward(p)
         history.append(loss)
@@ -250,6 +349,8 @@ def optimize(n: int = 12, duration: float = 0.45, iters: int = 30, lr: float = 0
         mh, sh = m / (1 - b1 ** (it + 1)), s / (1 - b2 ** (it + 1))
         p = p - lr * decay ** it * mh / (np.sqrt(sh) + 1e-12)
         bar.update(f"loss {loss:.3e}")
+        if not progress:
+            print(f"iteration {it:3d}  loss {loss:.4e}", flush=True)
     bar.close()
     if result is not None:
         result.update(optimizer=opt, params=p, steps=steps)
@@ -382,23 +483,37 @@ def run_live(args, headless: bool, frames: int | None) -> None:
 def run_optimize(args, headless: bool, frames: int | None) -> list[float]:
     t0 = time.perf_counter()
     result: dict = {}
-    history = optimize(args.opt_n, args.duration, args.iters, lr=args.lr, result=result)
+    history = optimize(args.opt_n, args.duration, args.iters, lr=args.lr, steps=args.steps, progress=False,
+                       result=result)
     dt = time.perf_counter() - t0
+    opt = result["optimizer"]
     print(f"loss {history[0]:.4e} -> {history[-1]:.4e} ({history[0] / max(history[-1], 1e-30):.0f}x lower) "
-          f"in {args.iters} iterations, {dt:.1f}s ({result['steps']} steps of a {args.opt_n}x{args.opt_n} cloth)")
+          f"in {args.iters} iterations, {dt:.1f}s ({opt.steps} steps of a {args.opt_n}x{args.opt_n} cloth in place)")
+    st, stored = opt.stats, opt.stored_bytes()
+    print(f"memory kept for the backward pass: {st.snapshots} copies of the state, {st.bytes / 1024:.1f} KiB "
+          f"(+ {st.step_bytes / 1024:.1f} KiB for one step), against {stored / 2 ** 20:.2f} MiB to store every step "
+          f"({stored / max(st.bytes + st.step_bytes, 1):.0f}x less); {st.recomputed_steps} steps run again")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "cloth_loss.png")
     plot_loss(history, path, "cloth")
     print(f"loss curve: {path}")
-    # the learned throw: the stored trajectory of the last forward pass (the tape kept every step)
-    opt = result["optimizer"]
-    opt.forward(result["params"], grad=False)
+    # the learned throw, simulated again (nothing of the optimisation's runs is stored)
+    c = opt.cloth
     view = ClothView("Cloth: learned initial velocity (red: the target)", (args.res, args.res * 3 // 4), headless)
     headless, frames = adopt_headless(args, view.headless, headless, frames)
     cycle = frames or 120  # headless: `frames` pictures of the throw; a window replays it in a loop
-    i = 0
+    i, t = 0, None
     while view.window.running and (frames is None or i < frames):
-        view.draw(opt.cloth, round((i % cycle) * opt.steps / max(cycle - 1, 1)), marker=opt.target)
+        want = round((i % cycle) * opt.steps / max(cycle - 1, 1))
+        if t is None or want < t:  # (re)start the throw
+            c.v0.from_numpy(result["params"])
+            c.init_x()
+            c.set_v0()
+            t = 0
+        while t < want:
+            c.step(t)
+            t += 1
+        view.draw(c, t, marker=opt.target)
         view.present(args.out, "cloth_opt", i)
         i += 1
     return history
@@ -412,7 +527,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--optimize", action="store_true", help="learn the initial velocity (differentiable cloth)")
     p.add_argument("--iters", type=int, default=30, help="optimisation iterations (default 30)")
     p.add_argument("--opt-n", type=int, default=12, help="vertices per side when optimising (default 12)")
-    p.add_argument("--duration", type=float, default=0.45, help="simulated seconds when optimising")
+    p.add_argument("--steps", type=int, default=2000, help="time steps when optimising, updated in place and "
+                   "differentiated with ti.ad.checkpoint (default 2000)")
+    p.add_argument("--duration", type=float, default=0.6, help="simulated seconds when optimising (default 0.6)")
     p.add_argument("--lr", type=float, default=0.2, help="Adam learning rate, m/s (default 0.2)")
     add_view_args(p, default_frames=8)
     return p.parse_args(argv)

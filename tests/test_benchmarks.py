@@ -78,6 +78,21 @@ def test_torch_bridge_row(quick_run):
     assert t["upload_mb_s"] > 0 and t["download_mb_s"] > 0
 
 
+def test_checkpoint_rows(quick_run):
+    """The checkpoint benchmark: every schedule and the stored program give the float64 reference's
+    loss and gradient entry; revolve keeps fewer bytes than storing every step."""
+    stdout, data, _ = quick_run
+    assert "== checkpoint: cloth n=8 T=40" in stdout
+    w = data["checkpoint"]["wgpu_ad"]
+    assert "error" not in w, w
+    ref_loss, ref_grad = data["checkpoint"]["reference"]
+    for variant, (loss, grad) in w["checks"].items():
+        assert loss == pytest.approx(ref_loss, rel=1e-4), variant
+        assert grad == pytest.approx(ref_grad, rel=1e-3), variant
+    assert set(w["ms"]) == {"stored", "revolve", "bisect", "sqrt", "store_all", "revolve r=2"}
+    assert w["stats"]["revolve"]["bytes"] < w["stored_bytes"] <= w["stats"]["store_all"]["bytes"]
+
+
 def test_forward_mode_row(quick_run):
     """Forward mode's JVP on gravity and cloth is timed against the forward pass, and agrees with
     the float64 references."""

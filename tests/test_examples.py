@@ -132,9 +132,11 @@ def test_cloth_headless_frames(tmp_path):
 
 
 def test_cloth_optimize_cli_writes_loss_plot(tmp_path):
-    out = run_example("cloth.py", ["--optimize", "--headless", "--iters", "3", "--opt-n", "6",
+    out = run_example("cloth.py", ["--optimize", "--headless", "--iters", "3", "--opt-n", "6", "--steps", "60",
                                    "--duration", "0.1", "--frames", "2", "--res", "320", "--out", str(tmp_path)])
     assert "lower" in out, out
+    assert "iteration   2  loss" in out, out
+    assert "memory kept for the backward pass" in out and "to store every step" in out, out
     check_image(tmp_path / "cloth_loss.png", (640, 400), min_colors=3)
     for i in range(2):
         check_image(tmp_path / f"cloth_opt_{i:04d}.png", (320, 240), min_colors=4)
@@ -192,7 +194,7 @@ def test_cloth_optimization_lowers_loss_10x():
     import wgpu_ad as ti
     cloth = load_example("cloth")
     ti.init()
-    history = cloth.optimize(n=8, duration=0.45, iters=10, progress=False)
+    history = cloth.optimize(n=8, duration=0.45, steps=150, iters=10, progress=False)
     assert len(history) == 10 and all(np.isfinite(history))
     assert history[0] > 0.1, f"the initial guess should be far from the target, loss {history[0]}"
     assert history[0] / history[-1] >= 10, f"loss {history[0]:.4g} -> {history[-1]:.4g}: less than 10x lower"

@@ -11,6 +11,9 @@ in_backward = False   # True while a tape runs gradient functions: their launche
 current_fwd = None    # the ti.ad.FwdMode inside whose `with` block we are: launches run dual kernels
 in_no_grad = 0        # depth of @ti.ad.no_grad function calls: their launches run plain in FwdMode
 check_nan = False     # True while a ti.ad.Tape(check_nan=True) runs them: adjoints check their gradients
+# False while ti.ad.checkpoint runs steps whose adjoints will not run (its forward pass and its
+# recomputation): kernels that update fields in place then keep no copy for their adjoint
+keep_copies = True
 
 
 def on_launch(kernel, args: tuple) -> None:

@@ -153,6 +153,7 @@ class Tape:
         # kernels that update fields in place keep a copy per launch for this tape's backward pass
         # (lang/kernel.py); a tape that only records (ti.ad.checkpoint) turns that off
         self.keep_copies = True
+        self._after_backward: list[Callable[[], None]] = []  # see after_backward()
 
     # ---- the with block -----------------------------------------------------------------------
 
@@ -281,6 +282,11 @@ class Tape:
         """Taichi's Tape.insert: record a call of `func` (which must have .grad) by hand."""
         self.entries.append(TapeEntry(func, tuple(args), kind="custom", opaque=True))
 
+    def after_backward(self, fn: Callable[[], None]) -> None:
+        """Call fn() once the backward pass has run every entry's gradient (ti.ad.checkpoint puts
+        the final state back there: the entries before it need the state it started from)."""
+        self._after_backward.append(fn)
+
     @contextlib.contextmanager
     def custom_call(self, fn, args: tuple, kwargs: dict):
         """A grad_replaced / no_grad function runs: one entry; its launches go into entry.inner."""
@@ -346,6 +352,8 @@ class Tape:
                 e.backward()
         finally:
             state.in_backward, state.check_nan = prev
+            for fn in self._after_backward:
+                fn()
         if self.grad_check:
             from .gradcheck import check_recorded
             self.grad_check_report = check_recorded(self, self.grad_check)

@@ -70,6 +70,15 @@ class Validator:
     def __init__(self):
         self.launches: list[_Launch] = []
         self._pending: _Launch | None = None
+        # (launches before it, values): fields a later entry's backward pass puts back to these
+        # values before the adjoints of the launches before it run (ti.ad.checkpoint's state)
+        self.restores: list[tuple[int, dict]] = []
+
+    def note_restore(self, storages) -> None:
+        """The backward pass of what runs now (unrecorded) ends with `storages` holding their
+        current values again: the launches before see those, not the values after the tape."""
+        self._finish_pending()
+        self.restores.append((len(self.launches), _copy(_unique(storages))))
 
     def before_launch(self, entry, acc) -> None:
         """A launch is about to run; entry is the tape's kernel entry, or None (inside a custom call)."""
@@ -100,14 +109,18 @@ class Validator:
             self._check_launch(k)
 
     def _check_launch(self, k: _Launch) -> None:
-        final = _copy(k.touched)
+        now = _copy(k.touched)
+        final = dict(now)  # what k's adjoint will see
+        for pos, values in reversed(self.restores):  # the earliest one after k is the last to run
+            if pos > k.position:
+                final.update((i, v) for i, v in values.items() if i in final)
         wrote = {id(s): _differs(k.before[id(s)], k.after[id(s)]) for s in k.touched}
         changed = []  # (field, mask of elements changed after k ran that k did not write)
         for r in k.reads:
             mask = _differs(k.after[id(r)], final[id(r)]) & ~wrote[id(r)]
             if mask.any():
                 changed.append((r, mask))
-        if not changed or self._same_outputs(k, final, wrote):
+        if not changed or self._same_outputs(k, final, wrote, now):
             return
         r, mask = changed[0]
         i = tuple(int(v) for v in np.argwhere(mask)[0])
@@ -126,8 +139,9 @@ class Validator:
             f"overwritten). Write the new values to another field, or keep one copy per step "
             f"({n}[t + 1] = f({n}[t]))")
 
-    def _same_outputs(self, k: _Launch, final: dict, wrote: dict) -> bool:
-        """Relaunch k on (its inputs now, its outputs as before it ran): same outputs as then?"""
+    def _same_outputs(self, k: _Launch, final: dict, wrote: dict, now: dict) -> bool:
+        """Relaunch k on (its inputs as its adjoint will see them, its outputs as before it ran):
+        same outputs as then? The fields get their values `now` back."""
         read_ids = {id(s) for s in k.reads}
         start = {}
         for s in k.touched:
@@ -143,7 +157,7 @@ class Validator:
         finally:
             state.in_backward = prev
             for s in k.touched:
-                s.from_numpy(final[id(s)])
+                s.from_numpy(now[id(s)])
         for s in k.writes:
             # what k wrote then, over what it was started from now
             a, b = np.where(wrote[id(s)], k.after[id(s)], start[id(s)]), again[id(s)]

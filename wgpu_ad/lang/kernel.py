@@ -16,6 +16,7 @@ from ..errors import CompileError, KernelArgError, WgpuAdError
 from ..types import MatrixType, VectorType, to_dtype
 from .external import EXTERNALS, Externals, describe, is_external
 from .launch import Launcher, launch
+from . import storage as _storage
 from .ndarray import Ndarray
 
 _compile_epoch = [0]  # bumped by ti.reset(): compiled kernels belong to one device
@@ -255,8 +256,10 @@ class Kernel:
                 self._note_versions(lc, args)
                 return None  # launched before anything else reaches the device, or fused with its adjoint
         taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
-        if lc.snapshots:
+        if lc.snapshots and ad.keep_copies and not self._no_grad:  # no_grad: no adjoint reads them
             self._keep_snapshots(lc, args, taped)
+        if lc.ck.ret_dtype is not None and _storage.host_guard is not None:
+            _storage.host_guard(self, f"the return value of kernel '{self.__name__}'")
         ret = launch(lc, args + self._scratch(lc, taped), rt)
         self._note_versions(lc, args)
         return ret
@@ -349,12 +352,14 @@ class Kernel:
                 c = spare.pop()
             else:
                 c = Ndarray(st.dtype, st.shape, st.element_shape, name=f"{st.name}_before")
-            c.copy_from(st)
+            c._copy_from(st)
             copies.append(c)
         key = tuple(map(id, fields))
         if taped:
             self._snaps.setdefault(key, []).append(copies)
         else:
+            for old in self._snaps.get(key, ()):
+                self._recycle(old)  # only the last launch's copies are kept: reuse the older ones
             self._snaps[key] = [copies]
 
     def _pop_snapshots(self, lc, args) -> tuple:
@@ -404,6 +409,9 @@ class Kernel:
     def _call_external(self, args):
         """A launch with host arrays (lang/external.py): copied in, launched, written back."""
         tape = (_ad_state or _ad()).current_tape
+        if _storage.host_guard is not None:
+            _storage.host_guard(self, f"the NumPy arrays or torch tensors passed to kernel '{self.__name__}' "
+                                      f"(copied back after the launch)")
         if tape is not None:
             tape.record(self, args)  # the host arrays: the backward pass copies them in again
         dev, bound = EXTERNALS.to_device(self, args, self._ndarrays, with_grads=False)
@@ -413,7 +421,7 @@ class Kernel:
         lc = fwd
         if ad.current_fwd is not None and not self._no_grad and not ad.in_no_grad:
             lc = self._get_dual(dev)[0]  # host arrays have no duals; fields may
-        if lc.snapshots:
+        if lc.snapshots and ad.keep_copies and not self._no_grad:  # no_grad: no adjoint reads them
             self._keep_snapshots(lc, dev, taped)
         ret = launch(lc, dev + self._scratch(fwd, taped), rt)
         Externals.to_host(bound, lc.ck, grads=False)

@@ -17,6 +17,19 @@ from ..types import DType, f16, to_dtype, u1
 from ..errors import WgpuAdError
 from ..runtime import device as _rt
 
+# While set, called as host_guard(storage, what, index=None) before a Python-scope read or write of a
+# storage (what: "to_numpy()", "fill()", ...; index: of x[i]): ti.ad.checkpoint watches the steps it
+# runs (ad/checkpoint.py).
+host_guard = None
+
+
+def set_host_guard(guard):
+    """Install `guard` (None: none) as host_guard; returns the one it replaces."""
+    global host_guard
+    prev, host_guard = host_guard, guard
+    return prev
+
+
 # Every storage alive; reset() drops their buffers so GPU memory goes with the device.
 _live: "weakref.WeakSet[Storage]" = weakref.WeakSet()
 
@@ -266,6 +279,8 @@ class Storage(ABC):
 
     def __getitem__(self, key):
         flat = self._flat_index(key)
+        if host_guard is not None:
+            host_guard(self, f"{self.name or 'x'}[{key!r}] in Python scope", key)
         es, nb = self.element_size, self.dtype.nbytes
         if self._buffer is None:
             self._check_alive()
@@ -280,6 +295,8 @@ class Storage(ABC):
     def __setitem__(self, key, value) -> None:
         flat = self._flat_index(key)
         arr = self._as_elements(value, self.element_shape, f"{self._label()}[{key!r}] = ...")
+        if host_guard is not None:
+            host_guard(self, f"{self.name or 'x'}[{key!r}] = ... in Python scope", key)
         es, nb = self.element_size, self.dtype.nbytes
         _rt.get_runtime().write(self.gpu_buffer(), np.broadcast_to(arr, self.element_shape).ravel(), flat * es * nb)
         self.wrote("a Python-scope assignment")
@@ -305,6 +322,8 @@ class Storage(ABC):
         """A copy of the contents, shape = shape + element_shape."""
         shape = self.shape
         full = shape + self.element_shape
+        if host_guard is not None:
+            host_guard(self, "to_numpy()")
         if self._buffer is None:
             self._check_alive()
             arr = np.zeros(full, dtype=self.dtype.np)
@@ -325,6 +344,8 @@ class Storage(ABC):
             raise WgpuAdError(f"{self._label()}.from_numpy: cannot store {a.dtype} data in a {self.dtype} "
                               f"{self._kind} without losing its kind; convert it first, e.g. "
                               f"arr.astype(np.{self.dtype.np.name})")
+        if host_guard is not None:
+            host_guard(self, "from_numpy()")
         _rt.get_runtime().write(self.gpu_buffer(), np.ascontiguousarray(a, dtype=self.dtype.np))
         self.wrote("from_numpy")
 
@@ -336,6 +357,8 @@ class Storage(ABC):
     def fill(self, value) -> None:
         """Set every element to value (a scalar, or one element's vector / matrix)."""
         arr = self._as_elements(value, self.element_shape, f"{self._label()}.fill")
+        if host_guard is not None:
+            host_guard(self, "fill()")
         rt = _rt.get_runtime()
         if arr.ndim == 0:
             rt.fill(self.gpu_buffer(), arr, self.dtype, self.n_scalars)
@@ -355,6 +378,12 @@ class Storage(ABC):
                               f"must match; {mine} vs {theirs}")
         if other is self:
             return
+        if host_guard is not None:
+            host_guard(self, "copy_from()")
+        self._copy_from(other)
+
+    def _copy_from(self, other: "Storage") -> None:
+        """copy_from without the checks: the library's own copies (in-place kernels, checkpoints)."""
         n = (self.nbytes + 3) // 4 * 4  # buffers are rounded up alike, so whole words are safe
         _rt.get_runtime().copy(other.gpu_buffer(), self.gpu_buffer(), n)
         self.wrote("copy_from")

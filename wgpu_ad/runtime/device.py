@@ -356,6 +356,16 @@ class Runtime:
         z = ((z ^ (z >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
         return z ^ (z >> 16)
 
+    @property
+    def random_position(self) -> int:
+        """How many seeds next_seed() has handed out; assigning it replays the stream from there
+        (ti.ad.checkpoint runs a step again with the random numbers of its first run)."""
+        return self._seed_counter
+
+    @random_position.setter
+    def random_position(self, n: int) -> None:
+        self._seed_counter = int(n)
+
     # ---- deferred work ----------------------------------------------------------------------------
 
     def defer(self, run: Callable[[], None]) -> "Deferred":
