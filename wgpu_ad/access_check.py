@@ -3,12 +3,14 @@ a failed check carries from the compiler to the runtime, and the message it beco
 
 Where the compiler cannot prove that a kernel's accesses are safe for reverse mode (an index read
 from a field, a counter stepped conditionally), a forward launch that a gradient may be asked for
-runs a checked variant: per element of such a field a shadow word, zeroed before the launch,
-records what happened to the element (READ by a checked load, UPDATED by a checked atomic, and
-one STORED bit per task for the checked stores). A checked write that finds a bit it must not (the
-element stored before, or read before it was overwritten) reports itself through the error buffer
-as an ASSERT whose attr is an AccessCheck; the launcher raises DataAccessError. The records are
-plain data (they pickle into the offline cache with their kernel); no IR here.
+runs a checked variant. Per field and task with checked accesses, a shadow buffer of one u32 per
+scalar, zeroed before the launch, records what happened to each element in that task: READ (a
+checked load), UPDATED (a checked atomic), and the owner of a checked store (1 + the iteration of
+the parallel loop that stored it, shifted by OWNER_SHIFT). A checked access that finds what it
+must not (the element stored twice, or read and then overwritten, or stored by one iteration and
+read by another) reports itself through the error buffer as an ASSERT whose attr is an
+AccessCheck; the launcher raises DataAccessError. The records are plain data (they pickle into the
+offline cache with their kernel); no IR here.
 """
 from __future__ import annotations
 
@@ -18,48 +20,43 @@ from typing import Callable
 from .errors import DataAccessError, SourceLoc
 from .nan_check import element_index, element_label
 
-READ = 1      # a checked load read the element
-UPDATED = 2   # a checked atomic updated it
-
-
-def stored(task: int) -> int:
-    """The bit of a checked store in task `task` (tasks from the 30th on share the last bit: a
-    store of a later dispatch over one of an earlier one is right, so they never test it)."""
-    return 1 << (2 + min(task, 29))
+READ = 1         # a checked load read the element
+UPDATED = 2      # a checked atomic updated it
+OWNER_SHIFT = 2  # above: 1 + the parallel iteration whose checked store stored it (0: none)
 
 
 @dataclass(eq=False)
 class AccessCheck:
-    """The check of one write (a plain store, or with `update` an atomic) of `field` (its plan
-    source `source`) at `loc` in kernel `kernel`; `loads`: the lines of the checked reads that it
-    may overwrite. The ASSERT reports the shadow word it found (`old`) and the element's linear
-    index."""
+    """The check of one access of `field` (its plan source `source`) at `loc` in kernel `kernel`:
+    `kind` 'store', 'update' (an atomic) or 'load'; `others`: the lines of the checked accesses it
+    may meet (the loads a write may overwrite, the writes a load may see). The ASSERT reports the
+    shadow word it found, the element's linear index and its own owner code."""
 
     kernel: str
     field: str
     source: object
     loc: SourceLoc | None
-    loads: tuple = ()
-    update: bool = False
+    kind: str
+    others: tuple = ()
 
     def __repr__(self) -> str:
         line = f" line {self.loc.line}" if self.loc else ""
-        return f"<{self.field} accessed safely{line}>"
+        return f"<{self.field} {self.kind} is safe for reverse mode{line}>"
 
     def format(self, *values) -> str:
         """The message (the interpreter formats assert templates with .format)."""
         return self._message(values, None)[0]
 
     def error(self, values, storage: Callable | None = None) -> DataAccessError:
-        """The error for the reported (old shadow word, linear index). storage(source): the name,
-        shape and element shape of the storage the field's source names in the failed launch, or
-        None (elements are then named by their position in the buffer)."""
+        """The error for the reported (shadow word, linear index, owner code). storage(source):
+        the name, shape and element shape of the storage the field's source names in the failed
+        launch, or None (elements are then named by their position in the buffer)."""
         text, index = self._message(values, storage)
         return DataAccessError(text, kernel=self.kernel, field=self.field, index=index,
                                line=self.loc.line if self.loc else None)
 
     def _message(self, values, storage) -> tuple[str, tuple | None]:
-        old, linear = int(values[0]), int(values[1])
+        found, linear = int(values[0]), int(values[1])
         geometry = storage(self.source) if storage is not None else None
         if geometry is None:
             name, index = f"{self.field}[scalar #{linear}]", None
@@ -67,21 +64,30 @@ class AccessCheck:
             label, shape, element_shape = geometry
             name = element_label(label or self.field, shape, element_shape, linear)
             index = element_index(shape, element_shape, linear)
-        what = "updated" if self.update else "stored"
+        here, others = _line(self.loc), " or ".join(f"line {loc.line}" for loc in self.others) or "another line"
         head = f"kernel '{self.kernel}': {name} was "
-        if old & READ:
-            reads = " or ".join(f"line {loc.line}" for loc in self.loads) or "another line"
-            text = (f"{head}read ({reads}) and then {what} ({_line(self.loc)}) by the same launch. The "
-                    f"gradient kernel replays the forward computation with the values after the launch, so "
-                    f"the gradient would be silently wrong. The indices depend on the data, so this was "
-                    f"checked at run time (the compiler could not prove they never meet). Write the result "
-                    f"to another field, or make sure no element the launch reads is also written by it")
+        why = "the indices depend on the data, so this was checked at run time (the compiler could not prove "
+        if self.kind == "load" and found & UPDATED:
+            text = (f"{head}read ({here}) after an atomic update ({others}) in the same launch: the read saw a "
+                    f"partial result and the gradient kernel replays it with the final one, so the gradient "
+                    f"would be silently wrong; {why}that they never meet). Read it in a separate kernel, or "
+                    f"make sure no element the launch updates is also read by it")
+        elif self.kind == "load":
+            text = (f"{head}stored ({others}) by one iteration of the parallel loop and read ({here}) by "
+                    f"another in the same launch: the gradient kernel runs the iterations in no fixed order "
+                    f"and would lose the gradient that flows through the stored value, so it would be silently "
+                    f"wrong; {why}that they never meet). Write the result to another field (or read it in a "
+                    f"later kernel)")
+        elif found & READ:
+            what = "updated" if self.kind == "update" else "stored"
+            text = (f"{head}read ({others}) and then {what} ({here}) by the same launch: the gradient kernel "
+                    f"replays the forward computation with the values after the launch, so the gradient "
+                    f"would be silently wrong; {why}that they never meet). Write the result to another "
+                    f"field, or make sure no element the launch reads is also written by it")
         else:
-            text = (f"{head}stored twice by the same launch ({_line(self.loc)}): only the last value "
-                    f"survives, so the gradient would be silently wrong. The index depends on the data, so "
-                    f"this was checked at run time (the compiler could not prove that it never repeats). "
-                    f"Store each element once (e.g. index by a permutation), or accumulate with += "
-                    f"(atomic add)")
+            text = (f"{head}stored twice by the same launch ({here}): only the last value survives, so the "
+                    f"gradient would be silently wrong; {why}that the index never repeats). Store each "
+                    f"element once (e.g. index by a permutation), or accumulate with += (atomic add)")
         if self.loc is not None:
             text += f"\n{self.loc.excerpt()}"
         return text, index

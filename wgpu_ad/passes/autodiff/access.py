@@ -122,13 +122,14 @@ def _safe(load: Stmt, write: Stmt, write_first: bool, ld: dict, loops: dict | No
 class RuntimeChecks:
     """The accesses of a kernel whose rule the forward launch checks at run time, by statement id:
     `stores` (plain stores: stored once, nothing read before), `updates` (atomic writes: nothing
-    read before), `loads` (reads another access may overwrite), and per write the loads it may
-    overwrite (`partners`, for the message)."""
+    read before), `loads` (reads another access may overwrite), and, for the messages, per write
+    the loads it may overwrite (`partners`) and per load those writes (`writers`)."""
 
     stores: dict = field(default_factory=dict)
     updates: dict = field(default_factory=dict)
     loads: dict = field(default_factory=dict)
     partners: dict = field(default_factory=dict)
+    writers: dict = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.stores or self.updates)
@@ -147,6 +148,9 @@ class RuntimeChecks:
             self.loads[id(load)] = load
             if all(x is not load for x in partners):
                 partners.append(load)
+            writers = self.writers.setdefault(id(load), [])
+            if all(x is not w for x in writers):
+                writers.append(w)
 
 
 def _data_dependent(s: Stmt, ld: dict) -> bool:
