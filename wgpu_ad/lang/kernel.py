@@ -238,7 +238,10 @@ class Kernel:
         taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
         if lc.snapshots:
             self._keep_snapshots(lc, args, taped)
-        ret = self._launch(lc, run, args, self._scratch(lc, taped), rt, self._run_key(lc, args))
+        if lc.plan.shadowed:
+            ret = self._launch(lc, run, args, self._scratch(lc, taped), rt, self._run_key(lc, args))
+        else:
+            ret = launch(lc, args + self._scratch(lc, taped), rt)
         self._note_versions(lc, args)
         return ret
 
@@ -263,16 +266,16 @@ class Kernel:
     def _run_key(self, lc, args, external: bool = False) -> tuple:
         """What names a launch for kernel.grad(): the forward Launcher and the storages it reads and
         writes (host arrays get fresh device copies per launch: only the Launcher for them)."""
-        if external or not lc.plan.shadowed:
+        if external:
             return (id(lc),)
         return (id(lc), *(id(get(args)) for get in lc.loads + lc.writes))
 
     def _launch(self, lc, run, args, scratch: tuple, rt, key: tuple):
-        """Launch `run` (lc or its checked variant) with fresh zeroed shadow buffers when checked;
-        remember whether a launch with this key was checked (_require_checked)."""
+        """Launch `run` (lc, whose plan has shadowed sources, or its checked variant) with fresh
+        zeroed shadow buffers when checked; remember whether a launch with this key was checked
+        (_require_checked)."""
         if run is lc:
-            if lc.plan.shadowed:
-                self._checked_runs[key] = False
+            self._checked_runs[key] = False
             return launch(lc, args + scratch, rt)
         self._drop_dead_pools()
         shadows = []
@@ -444,8 +447,11 @@ class Kernel:
         taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
         if lc.snapshots:
             self._keep_snapshots(lc, dev, taped)
-        run = self._checked(lc) if lc.plan.shadowed and self._may_want_grad(lc, dev, tape, ad) else lc
-        ret = self._launch(lc, run, dev, self._scratch(lc, taped), rt, self._run_key(lc, dev, external=True))
+        if lc.plan.shadowed:
+            run = self._checked(lc) if self._may_want_grad(lc, dev, tape, ad) else lc
+            ret = self._launch(lc, run, dev, self._scratch(lc, taped), rt, self._run_key(lc, dev, external=True))
+        else:
+            ret = launch(lc, dev + self._scratch(lc, taped), rt)
         Externals.to_host(bound, lc.ck, grads=False)
         return ret
 
