@@ -72,8 +72,8 @@ def test_repeated_scatter_index_is_a_run_time_error():
     line = e.value.line
     assert str(e.value).splitlines()[0] == (
         f"kernel 'scatter': y[3] was stored twice by the same launch (line {line}): only the last value "
-        f"survives, so the gradient would be silently wrong; the indices depend on the data, so this was "
-        f"checked at run time (the compiler could not prove that the index never repeats). Store each "
+        f"survives, so the gradient would be silently wrong. The index depends on the data, so this is "
+        f"checked at run time (the compiler cannot prove that it never repeats). Store each "
         f"element once (e.g. index by a permutation), or accumulate with += (atomic add)")
     assert "y[perm[i]] = x[i] * 2.0" in str(e.value)
     assert (e.value.kernel, e.value.field, e.value.index) == ("scatter", "y", (3,))
@@ -188,7 +188,8 @@ def test_read_then_write_through_colliding_index_fields_is_a_run_time_error():
                             f"after the launch",
                             f"kernel 'shuffle': y[0] was stored (line {line}) by one iteration of the parallel "
                             f"loop and read (line {line}) by another in the same launch")), text
-    assert "the compiler could not prove that they never meet" in text
+    assert "The indices depend on the data, so this is checked at run time (the compiler cannot prove that " \
+           "they never meet). Write the result to another field" in text
 
 
 def test_a_value_read_back_by_the_iteration_that_stored_it():

@@ -66,27 +66,29 @@ class AccessCheck:
             index = element_index(shape, element_shape, linear)
         here, others = _line(self.loc), " or ".join(f"line {loc.line}" for loc in self.others) or "another line"
         head = f"kernel '{self.kernel}': {name} was "
-        why = "the indices depend on the data, so this was checked at run time (the compiler could not prove "
+        why = ("The indices depend on the data, so this is checked at run time (the compiler cannot prove that "
+               "they never meet)")
         if self.kind == "load" and found & UPDATED:
             text = (f"{head}read ({here}) after an atomic update ({others}) in the same launch: the read saw a "
                     f"partial result and the gradient kernel replays it with the final one, so the gradient "
-                    f"would be silently wrong; {why}that they never meet). Read it in a separate kernel, or "
+                    f"would be silently wrong. {why}. Read it in a separate kernel, or "
                     f"make sure no element the launch updates is also read by it")
         elif self.kind == "load":
             text = (f"{head}stored ({others}) by one iteration of the parallel loop and read ({here}) by "
                     f"another in the same launch: the gradient kernel runs the iterations in no fixed order "
                     f"and would lose the gradient that flows through the stored value, so it would be silently "
-                    f"wrong; {why}that they never meet). Write the result to another field (or read it in a "
+                    f"wrong. {why}. Write the result to another field (or read it in a "
                     f"later kernel)")
         elif found & READ:
             what = "updated" if self.kind == "update" else "stored"
             text = (f"{head}read ({others}) and then {what} ({here}) by the same launch: the gradient kernel "
                     f"replays the forward computation with the values after the launch, so the gradient "
-                    f"would be silently wrong; {why}that they never meet). Write the result to another "
+                    f"would be silently wrong. {why}. Write the result to another "
                     f"field, or make sure no element the launch reads is also written by it")
         else:
             text = (f"{head}stored twice by the same launch ({here}): only the last value survives, so the "
-                    f"gradient would be silently wrong; {why}that the index never repeats). Store each "
+                    f"gradient would be silently wrong. The index depends on the data, so this is checked at run "
+                    f"time (the compiler cannot prove that it never repeats). Store each "
                     f"element once (e.g. index by a permutation), or accumulate with += (atomic add)")
         if self.loc is not None:
             text += f"\n{self.loc.excerpt()}"
