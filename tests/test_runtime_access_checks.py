@@ -342,3 +342,63 @@ def test_certainly_repeated_stores_stay_compile_errors():
     assert not same_element._cache or not next(iter(same_element._cache.values())).plan.shadowed
     with pytest.raises(ti.CompileError, match="may be stored by more than one iteration or thread"):
         same_element.grad()
+
+
+def test_a_read_after_an_atomic_update_of_another_iteration():
+    """y[p[i]] += x[i] and a read of y[q[i]] in the same loop: right where no element both is
+    updated and read (gradient as analytic), an error where one is."""
+    n = 4
+    x = ti.field(ti.f32, shape=n, needs_grad=True, name="x")
+    y = ti.field(ti.f32, shape=n, needs_grad=True, name="y")
+    z = ti.field(ti.f32, shape=n, needs_grad=True, name="z")
+    p = ti.field(ti.i32, shape=n, name="p")
+    q = ti.field(ti.i32, shape=n, name="q")
+    loss = ti.field(ti.f32, shape=(), needs_grad=True, name="loss")
+
+    @ti.kernel
+    def gather_scatter():
+        for i in range(n):
+            y[p[i]] += x[i]
+            z[i] = y[q[i]] * 2.0
+
+    @ti.kernel
+    def total():
+        for i in range(n):
+            loss[None] += z[i] * z[i] + y[i]
+
+    yv = np.array([1.0, -2.0, 0.5, 3.0], np.float32)
+    x.from_numpy(np.arange(1, n + 1, dtype=np.float32))
+    y.from_numpy(yv)
+    p.from_numpy(np.array([0, 0, 1, 1], np.int32))
+    q.from_numpy(np.array([2, 3, 2, 3], np.int32))
+    with ti.ad.Tape(loss):
+        gather_scatter()
+        total()
+    np.testing.assert_allclose(x.grad.to_numpy(), np.ones(n))  # x reaches the loss only through sum(y)
+    # d/dy[j] of sum(y) + sum over i with q[i] = j of (2 y[j])^2: 1 + 2 * 8 y[j] for j = 2, 3
+    np.testing.assert_allclose(y.grad.to_numpy(), [1.0, 1.0, 1 + 16 * yv[2], 1 + 16 * yv[3]], rtol=1e-6)
+
+    q.from_numpy(np.array([2, 3, 0, 3], np.int32))  # iteration 2 reads y[0], which 0 and 1 update
+    with pytest.raises(ti.ad.DataAccessError) as e:
+        with ti.ad.Tape(loss):
+            gather_scatter()
+            total()
+    assert (e.value.field, e.value.index) == ("y", (0,))
+    assert str(e.value).startswith(("kernel 'gather_scatter': y[0] was read (line ",))
+
+
+def test_a_field_with_reads_of_its_pre_launch_copy_stays_refused():
+    """x[i] = 2 x[i] reads a copy taken before the launch (promote.py); a data-dependent store to
+    x in the same loop could change the element before that read, which the run-time check does
+    not track: the kernel is refused when its adjoint is compiled, as before."""
+    x = ti.field(ti.f32, shape=N, needs_grad=True, name="x")
+    p = ti.field(ti.i32, shape=N, name="p")
+
+    @ti.kernel
+    def doubled_then_marked():
+        for i in range(N):
+            x[i] = x[i] * 2.0
+            x[p[i]] = 1.0
+
+    with pytest.raises(ti.CompileError, match="cannot differentiate kernel 'doubled_then_marked'"):
+        doubled_then_marked.grad()

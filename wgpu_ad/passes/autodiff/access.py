@@ -130,6 +130,7 @@ class RuntimeChecks:
     loads: dict = field(default_factory=dict)
     partners: dict = field(default_factory=dict)
     writers: dict = field(default_factory=dict)
+    refusals: dict = field(default_factory=dict)  # id(write) -> the refusal it replaces (a callable)
 
     def __bool__(self) -> bool:
         return bool(self.stores or self.updates)
@@ -141,7 +142,8 @@ class RuntimeChecks:
             out.setdefault(id(_buf(s)), _buf(s))
         return list(out.values())
 
-    def write(self, w: Stmt, load: Stmt | None = None) -> None:
+    def write(self, w: Stmt, load: Stmt | None, refuse) -> None:
+        self.refusals.setdefault(id(w), refuse)
         (self.stores if w.op is Op.GLOBAL_STORE else self.updates)[id(w)] = w
         partners = self.partners.setdefault(id(w), [])
         if load is not None:
@@ -190,7 +192,7 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
                         write_first and task_of[id(w)] == task_of[id(load)]
                         and _own_earlier_write(load, w, loops, ld)):
                     if checks is not None and (_data_dependent(load, ld) or _data_dependent(w, ld)):
-                        checks.write(w, load)
+                        checks.write(w, load, lambda load=load, w=w: _refuse_read_then_write(kernel, load, w))
                     else:
                         _refuse_read_then_write(kernel, load, w)
     for group in groups:
@@ -198,7 +200,7 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
         for w in writes:
             if w.op is not Op.ATOMIC and not _injective(w, loops[id(w)], ld, loops):  # atomics accumulate
                 if checks is not None and _data_dependent(w, ld):
-                    checks.write(w)
+                    checks.write(w, None, lambda w=w: _refuse_repeated_write(kernel, w))
                 else:
                     _refuse_repeated_write(kernel, w)
             for w2 in writes:
@@ -220,26 +222,30 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
                     continue
                 if (checks is not None and w.op is w2.op is Op.GLOBAL_STORE and task_of[id(w)] == task_of[id(w2)]
                         and (_data_dependent(w, ld) or _data_dependent(w2, ld))):
-                    checks.write(w)  # two stores of one launch that may meet: each element stored once
-                    checks.write(w2)
+                    # two stores of one launch that may meet: each element stored once
+                    refuse = lambda w=w, w2=w2: _refuse_overwrite(kernel, w, w2)  # noqa: E731
+                    checks.write(w, None, refuse)
+                    checks.write(w2, None, refuse)
                     continue
                 _refuse_overwrite(kernel, w, w2)
     if checks:
         for group in groups:
-            _own_repeats(kernel, group, checks, task_of, ld)
+            _uncheckable(group, checks, task_of, ld, snapshot_loads)
 
 
-def _own_repeats(kernel: Kernel, group: list, checks: RuntimeChecks, task_of: dict, ld: dict) -> None:
-    """A checked store is refused after all when the same thread may store its element again in
-    the same iteration (`y[p[i]] = a` and then, maybe, `y[p[i]] = b`): that is right, but the run
-    time check counts stores per element and would take it for a second thread's store."""
+def _uncheckable(group: list, checks: RuntimeChecks, task_of: dict, ld: dict, snapshot_loads: frozenset) -> None:
+    """Checked writes are refused after all (as they would have been) where the run-time check
+    would misjudge them: the same thread may store the element again in the same iteration
+    (`y[p[i]] = a` and then, maybe, `y[p[i]] = b`: right, but the check counts stores per element);
+    or the field has reads that replay a copy from before the launch (promote.py), which a store
+    of another thread before the read would make wrong and which the check does not track."""
     for w in group:
-        if id(w) not in checks.stores:
+        if id(w) not in checks.refusals:
             continue
-        for w2 in group:
-            if (w2 is not w and w2.op is Op.GLOBAL_STORE and task_of[id(w)] == task_of[id(w2)]
-                    and _same_element(w, w2, ld)):
-                _refuse_repeated_write(kernel, w)
+        if any(id(s) in snapshot_loads for s in group) or any(
+                w2 is not w and w.op is w2.op is Op.GLOBAL_STORE and task_of[id(w)] == task_of[id(w2)]
+                and _same_element(w, w2, ld) for w2 in group):
+            checks.refusals[id(w)]()
 
 
 def _store_or_add(w: Stmt) -> bool:
