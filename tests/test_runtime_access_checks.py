@@ -402,3 +402,29 @@ def test_a_field_with_reads_of_its_pre_launch_copy_stays_refused():
 
     with pytest.raises(ti.CompileError, match="cannot differentiate kernel 'doubled_then_marked'"):
         doubled_then_marked.grad()
+
+
+def test_ndarray_scatter_with_grad_by_hand():
+    """ndarray arguments (plan.Arg sources): checked because x has a gradient; y = x^2 scattered."""
+    n = 5
+
+    @ti.kernel
+    def scat(x: ti.types.ndarray(), p: ti.types.ndarray(), y: ti.types.ndarray()):
+        for i in range(n):
+            y[p[i]] = x[i] * x[i]
+
+    x = ti.ndarray(ti.f32, n, needs_grad=True)
+    y = ti.ndarray(ti.f32, n, needs_grad=True)
+    p = ti.ndarray(ti.i32, n)
+    xv = np.array([0.5, -1.0, 2.0, 1.5, -0.25], np.float32)
+    gv = np.array([1.0, 2.0, -1.0, 0.5, 3.0], np.float32)
+    x.from_numpy(xv)
+    p.from_numpy(np.array([4, 2, 0, 1, 3], np.int32))
+    scat(x, p, y)
+    y.grad.from_numpy(gv)
+    scat.grad(x, p, y)
+    np.testing.assert_allclose(x.grad.to_numpy(), 2 * xv * gv[[4, 2, 0, 1, 3]], rtol=1e-6)
+
+    p.from_numpy(np.array([4, 2, 0, 2, 3], np.int32))
+    with pytest.raises(ti.ad.DataAccessError, match=r"^kernel 'scat': y\[2\] was stored twice by the same launch"):
+        scat(x, p, y)
