@@ -8,7 +8,8 @@ from .checkpoint import CheckpointStats, checkpoint
 from .custom import GradReplaced, grad_for, grad_replaced, no_grad
 from .gradcheck import GradCheckError, GradCheckReport
 from .tape import GradientWarning, Tape, clear_all_gradients
-from ..errors import GradientNaNError
+from ..errors import DataAccessError, GradientNaNError
 
 __all__ = ["checkpoint", "CheckpointStats", "Tape", "clear_all_gradients", "grad_replaced", "grad_for", "no_grad", "GradReplaced",
-           "check_grad", "GradCheckReport", "GradCheckError", "GradientWarning", "GradientNaNError"]
+           "check_grad", "GradCheckReport", "GradCheckError", "GradientWarning", "GradientNaNError",
+           "DataAccessError"]

@@ -131,6 +131,10 @@ class Slot:
         return Slot(self.folder, _hash(self.key, "adjoint", grads, zero, *(("fused",) if fused else ()),
                                        *(("check_nan",) if check_nan else ())))
 
+    def checked(self) -> "Slot":
+        """The slot of this kernel's checked forward variant (passes/autodiff/shadow.py)."""
+        return Slot(self.folder, _hash(self.key, "checked"))
+
     def load(self) -> CompiledKernel | None:
         """The stored CompiledKernel, or None on a miss or a bad entry."""
         try:
