@@ -71,6 +71,19 @@ class GradientNaNError(KernelRuntimeError, FloatingPointError):
         self.kernel, self.field, self.index, self.value, self.op, self.line = kernel, field, index, value, op, line
 
 
+class DataAccessError(KernelRuntimeError):
+    """A forward launch whose accesses the compiler could not prove safe for reverse mode (indices
+    read from fields, counters stepped conditionally) was checked on the GPU, and the data broke
+    the rule: an element stored twice, or read and then overwritten, in one launch (its gradient
+    would be silently wrong; wgpu_ad/access_check.py). Attributes: kernel, field, index (the
+    element's index and component indices, or None) and line (the write's source line, or None)."""
+
+    def __init__(self, message: str, *, kernel: str = "", field: str = "", index: tuple | None = None,
+                 line: int | None = None):
+        super().__init__(message)
+        self.kernel, self.field, self.index, self.line = kernel, field, index, line
+
+
 def debug_enabled() -> bool:
     """WGPU_AD_DEBUG_COMPILER=1 shows compiler internals in tracebacks."""
     return os.environ.get("WGPU_AD_DEBUG_COMPILER", "") not in ("", "0")

@@ -139,12 +139,22 @@ class ScratchGrad:
 
 
 @dataclass(frozen=True)
+class Shadow:
+    """The access-check words of a checked forward launch (passes/autodiff/shadow.py): entry
+    `index` of the shadow buffers a launch gets last of all, one u32 per scalar of the storage
+    `of` (a Source) names, zeroed before the launch."""
+    index: int
+    of: "Source"
+
+
+@dataclass(frozen=True)
 class ScratchDual:
     """The dual (forward mode) of scratch buffer `index`."""
     index: int
 
 
-Source = Union[Field, FieldGrad, FieldDual, Arg, ArgGrad, ArgDual, Snapshot, Scratch, ScratchGrad, ScratchDual]
+Source = Union[Field, FieldGrad, FieldDual, Arg, ArgGrad, ArgDual, Snapshot, Scratch, ScratchGrad, ScratchDual,
+               Shadow]
 
 
 # ---- print() in kernels -------------------------------------------------------------------------
@@ -240,6 +250,8 @@ class LaunchPlan:
     snapshots: tuple = ()           # forward kernels: sources to copy before a launch (promote.py)
     scratch: tuple = ()             # the kernel's Scratch sources, by index (forward and adjoint)
     prints: tuple = ()              # Print per print() of the kernel: record k of a launch is prints[k]
+    shadowed: tuple = ()            # forward kernels: sources whose accesses a checked launch tracks
+    shadows: tuple = ()             # a checked forward variant: its Shadow sources, by index
 
     @property
     def uses_random(self) -> bool:

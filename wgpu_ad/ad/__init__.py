@@ -10,8 +10,8 @@ from .custom import GradReplaced, grad_for, grad_replaced, no_grad
 from .fwd import FwdMode, clear_all_duals
 from .gradcheck import GradCheckError, GradCheckReport
 from .tape import GradientWarning, Tape, clear_all_gradients
-from ..errors import GradientNaNError
+from ..errors import DataAccessError, GradientNaNError
 
 __all__ = ["FwdMode", "clear_all_duals", "checkpoint", "CheckpointStats", "Tape", "clear_all_gradients", "grad_replaced",
            "grad_for", "no_grad", "GradReplaced", "check_grad", "GradCheckReport", "GradCheckError", "GradientWarning",
-           "GradientNaNError"]
+           "GradientNaNError", "DataAccessError"]

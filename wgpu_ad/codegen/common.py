@@ -9,6 +9,7 @@ from .. import shaders
 from ..errors import CompileError
 from ..ir.nodes import Buffer, Kernel, Stmt, Task, walk_task
 from ..ir.ops import AtomicKind, Op
+from ..access_check import AccessCheck
 from ..nan_check import GradCheck
 from .names import identifiers
 from ..types import f32, i32, u32
@@ -80,8 +81,9 @@ class BufferUse:
 
 def kept_assert(s: Stmt, debug: bool) -> bool:
     """Whether an ASSERT is compiled: the user's and the index checks in debug mode, the gradient
-    checks of check_nan (nan_check.GradCheck, only in adjoints compiled with it) always."""
-    return debug or isinstance(s.attr, GradCheck)
+    checks of check_nan (nan_check.GradCheck, only in adjoints compiled with it) and of the data
+    access rules (access_check.AccessCheck, only in checked forward variants) always."""
+    return debug or isinstance(s.attr, (GradCheck, AccessCheck))
 
 
 def _fail(s: Stmt, why: str):

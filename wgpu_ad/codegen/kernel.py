@@ -9,6 +9,7 @@ from ..runtime.compiled import CompiledKernel, CompiledTask
 from ..types import f16, u32
 from .ops_table import word_dtype
 from .plan import stack_words, task_plan, words_of
+from ..access_check import AccessCheck
 from ..nan_check import GradCheck
 from .common import DEFAULT_GRID_CAP, Options, arg_words, kept_assert
 from .wgsl import TaskEmitter
@@ -22,7 +23,8 @@ def _assert_codes(kernel: Kernel, debug: bool) -> tuple[dict[int, int], list[tup
         for s in walk_task(t):
             if s.op is Op.ASSERT and kept_assert(s, debug):
                 table.append((s.attr, [word_dtype(v.dtype) if v.dtype == f16 else v.dtype for v in s.args[1:]]))
-                kinds.append("nan" if isinstance(s.attr, GradCheck) else "assert")
+                kinds.append("nan" if isinstance(s.attr, GradCheck) else
+                             "access" if isinstance(s.attr, AccessCheck) else "assert")
                 codes[id(s)] = len(table)   # 1 + position; 0 means "no error"
             elif s.op is Op.STACK_PUSH:
                 cap = s.args[0].attr

@@ -137,6 +137,10 @@ class Slot:
         forward buffer (plan records or None)."""
         return Slot(self.folder, _hash(self.key, "dual", duals))
 
+    def checked(self) -> "Slot":
+        """The slot of this kernel's checked forward variant (passes/autodiff/shadow.py)."""
+        return Slot(self.folder, _hash(self.key, "checked"))
+
     def load(self) -> CompiledKernel | None:
         """The stored CompiledKernel, or None on a miss or a bad entry."""
         try:

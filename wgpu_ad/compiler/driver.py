@@ -20,8 +20,10 @@ from ..codegen import generate
 from ..errors import CompileError, debug_enabled
 from ..frontend.kernel import lower_kernel
 from ..ir.nodes import Kernel
-from ..passes.autodiff import NotFusable, dual_kernel, prepare_in_place, reverse_kernel
+from ..ir.clone import clone_kernel
+from ..passes.autodiff import NotFusable, dual_kernel, prepare_in_place, reverse_kernel, runtime_checks
 from ..passes.autodiff.access import footprint
+from ..passes.autodiff.shadow import instrument
 from ..passes.pipeline import lower_for_codegen, optimize
 from ..runtime.compiled import CompiledKernel
 from . import cache
@@ -106,11 +108,42 @@ def compile_kernel(fn, name: str, specs: list, ret_dtype, opts: CompileOptions) 
         snaps = tuple(base.source for base, _ in bases)
         scratch = tuple(sorted((b.source for b in ir0.buffers if isinstance(b.source, plan.Scratch)),
                                key=lambda src: src.index))
+        # the accesses a launch that a gradient may be asked for checks at run time (compile_checked)
+        found = runtime_checks(ir, redirected)
+        shadowed = tuple(b.source for b in found.buffers()) if found else ()
         ck = user_errors(lambda: _codegen(ir, opts, accesses=_accesses(ir, redirected), snapshots=snaps,
-                                          scratch=scratch))
+                                          scratch=scratch, shadowed=shadowed))
         if slot is not None:
             slot.store(ck)
     return Compiled(ck, storages, make_ir, slot)
+
+
+def compile_checked(fwd: Compiled, opts: CompileOptions) -> Compiled:
+    """The checked variant of a forward kernel whose plan has `shadowed` sources: its accesses that
+    the compiler could not prove safe for reverse mode track their elements in shadow buffers
+    (plan.Shadow) and report a broken rule (passes/autodiff/shadow.py). The launcher runs it where
+    a gradient may be asked for; the adjoint is right after a launch of it that passed."""
+    slot = fwd.slot.checked() if fwd.slot is not None else None
+    made: list = []
+
+    def make_ir() -> tuple:
+        if not made:
+            ir = fwd.ir
+            _, _, redirected = prepare_in_place(ir)
+            checks = runtime_checks(ir, redirected)
+            mapping: dict = {}
+            k = clone_kernel(ir, mapping)
+            made.append((k, instrument(k, checks, mapping)))
+        return made[0]
+    ck = slot.load() if slot is not None else None
+    if ck is None:
+        ir, shadows = user_errors(make_ir)
+        p = fwd.plan
+        ck = user_errors(lambda: _codegen(ir, opts, accesses=p.accesses, snapshots=p.snapshots, scratch=p.scratch,
+                                          shadowed=p.shadowed, shadows=shadows))
+        if slot is not None:
+            slot.store(ck)
+    return Compiled(ck, fwd.storages, lambda: make_ir()[0], slot)
 
 
 def grad_sources(fwd: Compiled, specs: list) -> tuple:

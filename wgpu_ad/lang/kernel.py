@@ -15,7 +15,7 @@ from ..compiler.options import current as _options
 from ..errors import CompileError, KernelArgError, WgpuAdError
 from ..types import MatrixType, VectorType, to_dtype
 from .external import EXTERNALS, Externals, describe, is_external
-from .launch import Launcher, launch
+from .launch import Launcher, launch, storage_getter
 from . import storage as _storage
 from .ndarray import Ndarray
 
@@ -148,6 +148,11 @@ class Kernel:
         self._scratch_taped: dict = {}
         self._scratch_last: dict = {}
         self._scratch_spare: dict = {}
+        # checked forward variants (passes/autodiff/shadow.py) per forward Launcher id, spare shadow
+        # buffers by size, and per launch key (_run_key) whether its latest launch was checked
+        self._checked_lc: dict = {}
+        self._shadow_spare: dict = {}
+        self._checked_runs: dict = {}
         self._pool_generation = None  # the runtime generation the copies and scratch belong to
         self._last = None  # (epoch, compiled, specs) when every argument is a plain scalar
         self._scalar_only = all(not isinstance(a, (Template, NdarrayType, VectorType, MatrixType))
@@ -250,9 +255,10 @@ class Kernel:
             return self._launch_dual(args)
         lc, specs, rt = self._get(args)
         tape = ad.current_tape
+        run = self._checked(lc) if lc.plan.shadowed and self._may_want_grad(lc, args, tape, ad) else lc
         if tape is not None:
             tape.record(self, args)
-            if tape.defer(self, lc, args, rt):
+            if tape.defer(self, run, args, rt):
                 self._note_versions(lc, args)
                 return None  # launched before anything else reaches the device, or fused with its adjoint
         taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
@@ -260,7 +266,10 @@ class Kernel:
             self._keep_snapshots(lc, args, taped)
         if lc.ck.ret_dtype is not None and _storage.host_guard is not None:
             _storage.host_guard(self, f"the return value of kernel '{self.__name__}'")
-        ret = launch(lc, args + self._scratch(lc, taped), rt)
+        if lc.plan.shadowed:
+            ret = self._launch(lc, run, args, self._scratch(lc, taped), rt, self._run_key(lc, args))
+        else:
+            ret = launch(lc, args + self._scratch(lc, taped), rt)
         self._note_versions(lc, args)
         return ret
 
@@ -268,9 +277,71 @@ class Kernel:
         """Inside ti.ad.FwdMode: the dual kernel (primal values and tangents) instead."""
         lc = self._get(args)[0]
         d, _specs, rt = self._get_dual(args)
+        if lc.ck.ret_dtype is not None and _storage.host_guard is not None:
+            _storage.host_guard(self, f"the return value of kernel '{self.__name__}'")
         ret = launch(d, args + self._scratch(lc, False), rt)
         self._note_versions(lc, args)
         return ret
+
+    # ---- run-time access checks (passes/autodiff/shadow.py) -------------------------------------
+    def _may_want_grad(self, lc, args, tape, ad) -> bool:
+        """Whether a gradient may be asked for a forward launch: a tape records it, or something it
+        reads has a gradient (as for _keep_snapshots)."""
+        if tape is not None and tape.recording and not ad.in_backward:
+            return True
+        return any(get(args).needs_grad for get in lc.loads + lc.snapshots)
+
+    def _checked(self, lc) -> Launcher:
+        """The checked variant of a forward Launcher whose accesses are not all proven safe for
+        reverse mode, compiled on first use."""
+        run = self._checked_lc.get(id(lc))
+        if run is None:
+            from ..compiler.driver import compile_checked
+            run = self._checked_lc[id(lc)] = Launcher(compile_checked(lc.compiled, _options()), lc.specs)
+            run.shadow_of = [storage_getter(src.of, run.compiled.storages) for src in run.plan.shadows]
+        return run
+
+    def _run_key(self, lc, args, external: bool = False) -> tuple:
+        """What names a launch for kernel.grad(): the forward Launcher and the storages it reads and
+        writes (host arrays get fresh device copies per launch: only the Launcher for them)."""
+        if external:
+            return (id(lc),)
+        return (id(lc), *(id(get(args)) for get in lc.loads + lc.writes))
+
+    def _launch(self, lc, run, args, scratch: tuple, rt, key: tuple):
+        """Launch `run` (lc, whose plan has shadowed sources, or its checked variant) with fresh
+        zeroed shadow buffers when checked; remember whether a launch with this key was checked
+        (_require_checked)."""
+        if run is lc:
+            self._checked_runs[key] = False
+            return launch(lc, args + scratch, rt)
+        self._drop_dead_pools()
+        shadows = []
+        for get in run.shadow_of:
+            n = get(args).n_scalars
+            spare = self._shadow_spare.get(n)
+            arr = spare.pop() if spare else Ndarray(to_dtype("u32"), (n,), name=f"{get(args).name or 'field'}_accesses")
+            arr.fill(0)
+            shadows.append(arr)
+        self._checked_runs[key] = False
+        try:
+            ret = launch(run, args + scratch + tuple(shadows), rt)
+        finally:  # a later clear is recorded after the launch: the buffers may serve the next one
+            for arr in shadows:
+                self._shadow_spare.setdefault(arr.n_scalars, []).append(arr)
+        self._checked_runs[key] = True
+        return ret
+
+    def _require_checked(self, lc, args, external: bool = False) -> None:
+        """kernel.grad(): refuse unless the latest forward launch with these storages was checked."""
+        if lc.plan.shadowed and not self._checked_runs.get(self._run_key(lc, args, external)):
+            raise WgpuAdError(
+                f"{self.__name__}.grad(): kernel '{self.__name__}' indexes a field by values the compiler "
+                f"cannot prove safe for reverse mode (read from a field, or a counter stepped conditionally), "
+                f"so its gradient is right only after a forward launch that checked them on the GPU, and its "
+                f"latest launch with these arguments was not checked (nothing it reads needed a gradient). "
+                f"Launch it inside ti.ad.Tape, or while something it reads has needs_grad=True, right before "
+                f"its .grad()")
 
     def _scratch(self, lc, taped: bool) -> tuple:
         """The scratch buffers of a forward launch (plan.Scratch: the sums of kernel-scope variables
@@ -334,7 +405,7 @@ class Kernel:
         if self._pool_generation != gen:
             self._pool_generation = gen
             for pool in (self._snaps, self._spare, self._scratch_own, self._scratch_taped, self._scratch_last,
-                         self._scratch_spare):
+                         self._scratch_spare, self._shadow_spare):
                 pool.clear()
 
     def _keep_snapshots(self, lc, args, taped: bool) -> None:
@@ -423,7 +494,11 @@ class Kernel:
             lc = self._get_dual(dev)[0]  # host arrays have no duals; fields may
         if lc.snapshots and ad.keep_copies and not self._no_grad:  # no_grad: no adjoint reads them
             self._keep_snapshots(lc, dev, taped)
-        ret = launch(lc, dev + self._scratch(fwd, taped), rt)
+        if lc.plan.shadowed and lc is fwd:
+            run = self._checked(lc) if self._may_want_grad(lc, dev, tape, ad) else lc
+            ret = self._launch(lc, run, dev, self._scratch(lc, taped), rt, self._run_key(lc, dev, external=True))
+        else:
+            ret = launch(lc, dev + self._scratch(fwd, taped), rt)
         Externals.to_host(bound, lc.ck, grads=False)
         return ret
 
@@ -523,10 +598,13 @@ class Kernel:
         from ..ir.printer import format_kernel
         return format_kernel(self._get(args)[0].ir)
 
-    def get_wgsl(self, *args, grad: bool = False, dual: bool = False) -> str:
-        """The generated WGSL of every task of the kernel (or of its adjoint, or of its dual
-        kernel) for these arguments."""
+    def get_wgsl(self, *args, grad: bool = False, checked: bool = False, dual: bool = False) -> str:
+        """The generated WGSL of every task of the kernel (or of its adjoint, with checked=True of its
+        checked forward variant when it has one, with dual=True of its dual kernel) for these
+        arguments."""
         lc = (self._get_grad(args) if grad else self._get_dual(args) if dual else self._get(args))[0]
+        if checked and lc.plan.shadowed:
+            lc = self._checked(lc)
         return "\n".join(t.wgsl for t in lc.ck.tasks)
 
     def get_grad_ir(self, *args) -> str:
@@ -565,8 +643,9 @@ class _GradLauncher:
                 f"forward mode is not supported; call {k.__name__}.grad() outside the FwdMode `with` block")
         if k._ndarrays and k._has_external(args):
             dev, bound = EXTERNALS.to_device(k, args, k._ndarrays, with_grads=True)
-            g, _specs, rt = k._get_grad(dev, launching=True)
             fwd = k._get(dev)[0]
+            k._require_checked(fwd, dev, external=True)
+            g, _specs, rt = k._get_grad(dev, launching=True)
             snaps = k._pop_snapshots(fwd, dev)
             scratch = k._scratch_for_grad(fwd, (_ad_state or _ad()).in_backward)
             ret = launch(g, dev + snaps + scratch, rt)
@@ -579,6 +658,7 @@ class _GradLauncher:
         fwd, _specs, rt = k._get(args)
         if not (_ad_state or _ad()).in_backward:  # a tape checks its launches itself
             k._check_versions(fwd, args)
+        k._require_checked(fwd, args)
         g, _specs, rt = k._get_grad(args, launching=True)
         snaps = k._pop_snapshots(fwd, args)
         scratch = k._scratch_for_grad(fwd, (_ad_state or _ad()).in_backward)

@@ -19,10 +19,11 @@ _FMT = {"f32": "f", "i32": "i", "u32": "I"}
 DYNAMIC_WORKGROUPS = 1024  # range bounds read from fields: grid-stride over this many workgroups
 
 
-def storage_getter(src: plan.Source, storages: list, n_args: int = 0, n_scratch: int = 0) -> Callable:
-    """call args -> the field / ndarray (or its gradient or dual) a buffer source names; a
-    snapshot is passed after the call's `n_args` arguments, and the launch's `n_scratch` scratch
-    buffers last of all."""
+def storage_getter(src: plan.Source, storages: list, n_args: int = 0, n_scratch: int = 0,
+                   n_shadow: int = 0) -> Callable:
+    """call args -> the field / ndarray (or its gradient or dual) a buffer source names; a snapshot
+    is passed after the call's `n_args` arguments, then the launch's `n_scratch` scratch buffers,
+    and a checked launch's `n_shadow` shadow buffers last of all."""
     if isinstance(src, plan.Field):
         obj = storages[src.index]
         return lambda args: obj
@@ -45,14 +46,17 @@ def storage_getter(src: plan.Source, storages: list, n_args: int = 0, n_scratch:
         k = n_args + src.index
         return lambda args: args[k]
     if isinstance(src, plan.Scratch):
-        k = src.index - n_scratch
+        k = src.index - n_scratch - n_shadow
         return lambda args: args[k]
     if isinstance(src, plan.ScratchGrad):
-        k = src.index - n_scratch
+        k = src.index - n_scratch - n_shadow
         return lambda args: args[k].grad
     if isinstance(src, plan.ScratchDual):
         k = src.index - n_scratch
         return lambda args: args[k].dual
+    if isinstance(src, plan.Shadow):
+        k = src.index - n_shadow
+        return lambda args: args[k]
     raise AssertionError(f"unknown buffer source {src!r} (compiler bug)")
 
 
@@ -66,7 +70,8 @@ class Launcher:
         self.specs = specs
         self.pack = _packer(ck.name, p.words, specs, p.prints)
         self.bounds = [_bounds(t) for t in p.tasks]
-        self.storage = [storage_getter(src, compiled.storages, len(specs), len(p.scratch)) for src in p.buffers]
+        self.storage = [storage_getter(src, compiled.storages, len(specs), len(p.scratch), len(p.shadows))
+                        for src in p.buffers]
         self.snapshots = [storage_getter(src, compiled.storages) for src in p.snapshots]
         bound = {b.key for t in ck.tasks for b in t.bindings if b.kind == "buffer"}
         # a buffer no task binds (an ndarray's gradient in a forward kernel) is neither allocated
@@ -261,7 +266,7 @@ def _zero_check(p: plan.LaunchPlan, storage: list) -> Callable:
     buffers, which marks them as written."""
     candidates = [(pos, storage[pos]) for pos in p.zero_stores]
     bound = [get for get, src in zip(storage, p.buffers) if not isinstance(src, (plan.Snapshot, plan.Scratch,
-                                                                                  plan.ScratchGrad))]
+                                                                                  plan.ScratchGrad, plan.Shadow))]
 
     def check(args) -> tuple:
         zero = [(pos, st) for pos, st in ((pos, get(args)) for pos, get in candidates) if st.all_zero]

@@ -462,7 +462,8 @@ class Runtime:
         """Debug mode: raise KernelRuntimeError if a launch of ck recorded a failed assert.
         storage(source): what the launcher knows of the storage a plan source names, for the
         message of a failed gradient check (GradientNaNError; its table entry, a
-        nan_check.GradCheck, makes it)."""
+        nan_check.GradCheck, makes it) and of a failed data access check (DataAccessError,
+        access_check.AccessCheck)."""
         if not ck.asserts:
             return
         words = np.frombuffer(self.read(self.error_buffer, ERROR_WORDS * 4), dtype=np.uint32)
@@ -475,7 +476,7 @@ class Runtime:
         template, dtypes = ck.asserts[which - 1]
         values = [words[1 + i: 2 + i].view(to_dtype(dt).np)[0].item() for i, dt in enumerate(dtypes)]
         kind = ck.assert_kinds[which - 1] if which <= len(ck.assert_kinds) else "stack"
-        if kind == "nan":
+        if kind in ("nan", "access"):  # GradientNaNError, DataAccessError
             raise template.error(values, storage)
         cls = KernelAssertionError if kind == "assert" else KernelRuntimeError
         raise cls(f"kernel '{ck.name}': " + template.format(*values))

@@ -8,7 +8,8 @@ from typing import Callable
 
 from ... import plan
 from ...ir.nodes import Buffer, Kernel
-from .checks import check_differentiable
+from .access import RuntimeChecks
+from .checks import check_differentiable, runtime_checks
 from ...ir.clone import clone_kernel
 from .demote import demote_atomics, task_buffers
 from .forward import dual_kernel
@@ -76,10 +77,15 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     derivative first was not is reported (nancheck.py; the kernel's checks share one list of sites).
     """
     k, bases, redirected = prepare_in_place(kernel)
-    check_differentiable(kernel, redirected)
+    # what cannot be proven safe for every input is checked by the forward launch instead
+    # (shadow.py; the launcher runs the adjoint only after a checked launch)
+    checked = RuntimeChecks()
+    check_differentiable(kernel, redirected, checked)
     if fuse:
         if not k.tasks:
             raise NotFusable("it has no tasks")
+        if checked:
+            raise NotFusable("its forward launch checks its accesses at run time")
         if bases:
             raise NotFusable("it updates fields in place (its adjoint reads copies taken before the launch)")
         check_fusable(k.tasks[-1])
@@ -141,4 +147,5 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     return out, info
 
 
-__all__ = ["reverse_kernel", "dual_kernel", "AdjointInfo", "DEFAULT_STACK_SIZE", "clone_kernel", "NotFusable"]
+__all__ = ["reverse_kernel", "dual_kernel", "AdjointInfo", "DEFAULT_STACK_SIZE", "clone_kernel", "NotFusable",
+           "runtime_checks"]

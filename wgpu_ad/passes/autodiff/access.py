@@ -15,8 +15,17 @@ loop indices and other values):
   - they differ by a constant along one serial loop index such that every element is stored in an
     earlier iteration than it is read (x[t + 1] = f(x[t]) inside `for t in range(T)`);
   - the same element, stored before it is read (same thread and iteration).
+
+Where an index is not affine (it is read from a field, or is a counter stepped conditionally) the
+rule cannot be proven, and such data-dependent programs are often right for the data they run on
+(a permutation read from a field is injective). With `checks` (a RuntimeChecks), those accesses
+are not refused but collected: the forward launch checks them element by element on the GPU
+(shadow.py) and raises a clear error when the data breaks the rule. What is certainly wrong (the
+indices are affine and may meet) stays a compile-time error.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from ...errors import CompileError
 from ...ir.nodes import Kernel, Stmt, Task, walk
@@ -109,7 +118,54 @@ def _safe(load: Stmt, write: Stmt, write_first: bool, ld: dict, loops: dict | No
     return same_element and write_first
 
 
-def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset()) -> None:
+@dataclass
+class RuntimeChecks:
+    """The accesses of a kernel whose rule the forward launch checks at run time, by statement id:
+    `stores` (plain stores: stored once, nothing read before), `updates` (atomic writes: nothing
+    read before), `loads` (reads another access may overwrite), and, for the messages, per write
+    the loads it may overwrite (`partners`) and per load those writes (`writers`)."""
+
+    stores: dict = field(default_factory=dict)
+    updates: dict = field(default_factory=dict)
+    loads: dict = field(default_factory=dict)
+    partners: dict = field(default_factory=dict)
+    writers: dict = field(default_factory=dict)
+    refusals: dict = field(default_factory=dict)  # id(write) -> the refusal it replaces (a callable)
+
+    def __bool__(self) -> bool:
+        return bool(self.stores or self.updates)
+
+    def buffers(self) -> list:
+        """The buffers with checked accesses, in first-seen order."""
+        out = {}
+        for s in list(self.stores.values()) + list(self.updates.values()) + list(self.loads.values()):
+            out.setdefault(id(_buf(s)), _buf(s))
+        return list(out.values())
+
+    def write(self, w: Stmt, load: Stmt | None, refuse) -> None:
+        self.refusals.setdefault(id(w), refuse)
+        (self.stores if w.op is Op.GLOBAL_STORE else self.updates)[id(w)] = w
+        partners = self.partners.setdefault(id(w), [])
+        if load is not None:
+            self.loads[id(load)] = load
+            if all(x is not load for x in partners):
+                partners.append(load)
+            writers = self.writers.setdefault(id(load), [])
+            if all(x is not w for x in writers):
+                writers.append(w)
+
+
+def _data_dependent(s: Stmt, ld: dict) -> bool:
+    """An index the analysis cannot see through (read from a field, a value a loop carries): the
+    rule may hold for the data, so it is checked at run time rather than refused."""
+    return s.index is None or any(k is not None and k[0] in ("value", "opaque")
+                                  for x in s.index for k in affine(x, ld))
+
+
+def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
+                        checks: RuntimeChecks | None = None) -> None:
+    """Refuse the accesses that break the rules (or may); with `checks`, collect there those that
+    may only break them for some data (data-dependent indices) instead of refusing them."""
     ld = kernel.loop_dims
     accesses = []
     for t in kernel.tasks:
@@ -135,12 +191,18 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset())
                 if not _safe(load, w, write_first, ld, loops) and not (
                         write_first and task_of[id(w)] == task_of[id(load)]
                         and _own_earlier_write(load, w, loops, ld)):
-                    _refuse_read_then_write(kernel, load, w)
+                    if checks is not None and (_data_dependent(load, ld) or _data_dependent(w, ld)):
+                        checks.write(w, load, lambda load=load, w=w: _refuse_read_then_write(kernel, load, w))
+                    else:
+                        _refuse_read_then_write(kernel, load, w)
     for group in groups:
         writes = [s for s in group if s.op is not Op.GLOBAL_LOAD]
         for w in writes:
             if w.op is not Op.ATOMIC and not _injective(w, loops[id(w)], ld, loops):  # atomics accumulate
-                _refuse_repeated_write(kernel, w)
+                if checks is not None and _data_dependent(w, ld):
+                    checks.write(w, None, lambda w=w: _refuse_repeated_write(kernel, w))
+                else:
+                    _refuse_repeated_write(kernel, w)
             for w2 in writes:
                 if pos[id(w2)] <= pos[id(w)]:
                     continue
@@ -158,7 +220,32 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset())
                     # the same thread and iteration writes it twice (or in two branches): the
                     # adjoint walks them in reverse and zeroes the gradient after each store
                     continue
+                if (checks is not None and w.op is w2.op is Op.GLOBAL_STORE and task_of[id(w)] == task_of[id(w2)]
+                        and (_data_dependent(w, ld) or _data_dependent(w2, ld))):
+                    # two stores of one launch that may meet: each element stored once
+                    refuse = lambda w=w, w2=w2: _refuse_overwrite(kernel, w, w2)  # noqa: E731
+                    checks.write(w, None, refuse)
+                    checks.write(w2, None, refuse)
+                    continue
                 _refuse_overwrite(kernel, w, w2)
+    if checks:
+        for group in groups:
+            _uncheckable(group, checks, task_of, ld, snapshot_loads)
+
+
+def _uncheckable(group: list, checks: RuntimeChecks, task_of: dict, ld: dict, snapshot_loads: frozenset) -> None:
+    """Checked writes are refused after all (as they would have been) where the run-time check
+    would misjudge them: the same thread may store the element again in the same iteration
+    (`y[p[i]] = a` and then, maybe, `y[p[i]] = b`: right, but the check counts stores per element);
+    or the field has reads that replay a copy from before the launch (promote.py), which a store
+    of another thread before the read would make wrong and which the check does not track."""
+    for w in group:
+        if id(w) not in checks.refusals:
+            continue
+        if any(id(s) in snapshot_loads for s in group) or any(
+                w2 is not w and w.op is w2.op is Op.GLOBAL_STORE and task_of[id(w)] == task_of[id(w2)]
+                and _same_element(w, w2, ld) for w2 in group):
+            checks.refusals[id(w)]()
 
 
 def _store_or_add(w: Stmt) -> bool:

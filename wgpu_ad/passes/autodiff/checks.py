@@ -14,9 +14,10 @@ def _fail(kernel: Kernel, s: Stmt, msg: str):
     raise CompileError(f"cannot differentiate kernel '{kernel.name}': {msg}", s.loc)
 
 
-def check_differentiable(kernel: Kernel, snapshot_loads: frozenset = frozenset()) -> None:
+def check_differentiable(kernel: Kernel, snapshot_loads: frozenset = frozenset(), checks=None) -> None:
     """snapshot_loads: ids of loads whose adjoint replay reads a copy of the field taken before the
-    launch (promote.py): no later write can change what they see."""
+    launch (promote.py): no later write can change what they see. checks: an access.RuntimeChecks
+    that collects the accesses the forward launch checks at run time instead of refusing them."""
     for t in kernel.tasks:
         used = set()
         stmts = list(walk(t.bounds)) + list(walk(t.body))
@@ -41,4 +42,17 @@ def check_differentiable(kernel: Kernel, snapshot_loads: frozenset = frozenset()
             _fail(kernel, ret[0], "it returns from the middle of its body; a differentiated kernel may "
                                   "return only as its last statement")
     from .access import check_global_access
-    check_global_access(kernel, snapshot_loads)
+    check_global_access(kernel, snapshot_loads, checks)
+
+
+def runtime_checks(kernel: Kernel, snapshot_loads: frozenset = frozenset()):
+    """The accesses of `kernel` (promoted, prepare_in_place) that a forward launch must check at run
+    time for its adjoint to be right (access.RuntimeChecks, empty when all are proven), or None
+    when the kernel cannot be differentiated anyway (its adjoint reports why)."""
+    from .access import RuntimeChecks
+    checks = RuntimeChecks()
+    try:
+        check_differentiable(kernel, snapshot_loads, checks)
+    except CompileError:
+        return None
+    return checks
