@@ -398,6 +398,38 @@ def test_in_place_updates_in_a_serial_loop():
     np.testing.assert_allclose(m.to_numpy(), np.maximum(dv[:, 1:].max(1), 0.0), rtol=1e-6)
 
 
+def test_indices_read_from_fields():
+    """A gather and a scatter through indices read from a field (which reverse mode checks at run
+    time): forward mode follows them as written."""
+    n = 5
+    x = ti.field(ti.f32, shape=n, needs_dual=True, needs_grad=True)
+    idx = ti.field(ti.i32, shape=n)
+    y = ti.field(ti.f32, shape=n, needs_dual=True, needs_grad=True)
+    z = ti.field(ti.f32, shape=n, needs_dual=True, needs_grad=True)
+
+    @ti.kernel
+    def gather_scatter():
+        for i in x:
+            y[i] = x[idx[i]] ** 2
+            z[idx[i]] += ti.sin(x[i])
+
+    perm = np.array([3, 0, 4, 1, 2], np.int32)
+    xv = f32((0.3, -0.8, 1.1, 0.5, -1.4))
+    idx.from_numpy(perm)
+    x.from_numpy(xv)
+    v = direction(11, n)
+    with ti.ad.FwdMode(loss=[y, z], param=x, seed=v):
+        gather_scatter()
+
+    def ref(a):
+        zz = np.zeros(n)
+        zz[perm] += np.sin(a)
+        return np.append(a[perm] ** 2, zz)
+    want = jvp_fd(ref, [xv], [v])
+    assert_grad(y.dual.to_numpy(), want[:n], what="y.dual")
+    assert_grad(z.dual.to_numpy(), want[n:], what="z.dual")
+
+
 def test_kernel_scope_variable_summed_over_a_parallel_loop():
     """`s += x[i]` into a kernel-scope variable (a hidden per-launch sum, plan.Scratch): its
     tangent is summed alongside."""
