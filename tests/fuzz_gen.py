@@ -386,6 +386,8 @@ class Generator:
             name = self.pick(list(self.kinds) + ["loss"])
             if all(name != t for t, _ in targets) and name not in self.read_before:
                 targets.append((name, "add"))
+        if not any(how == "add" for _, how in targets):
+            targets.append(("loss", "add"))  # nothing reads the loss: always a valid target
         return targets
 
     def kernel(self) -> None:
@@ -397,6 +399,7 @@ class Generator:
         targets = self.choose_targets(kind == "pair")
         self.k.stored = {t: "i" for t, how in targets if how == "store"}
         self.k.added = {t for t, how in targets if how == "add"}
+        self.k.reads |= set(self.k.stored)  # an update in place reads it
         sig = ", ".join(f"{a}: ti.f32" for a in self.k.args)
         ret = kind == "reduce" and self.chance(0.3)
         self.emit(1, "@ti.kernel")

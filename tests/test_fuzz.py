@@ -55,7 +55,7 @@ class Refused(Exception):
 def _close(got, want, what: str, rtol: float = RTOL) -> None:
     got = np.asarray(got, np.float64)
     want = np.asarray(want, np.float64)
-    scale = max(float(np.abs(want).max()) if want.size else 0.0, 1e-3)
+    scale = max(float(np.abs(want).max()) if want.size else 0.0, 1e-2)  # values are O(1) by construction
     err = np.abs(got - want)
     bad = err > rtol * (np.abs(want) + scale)
     if bad.any():
@@ -163,8 +163,7 @@ def check_program(seed: int | Program, folder) -> str:
     if drawn is None:
         return "skipped"
     inputs, want_fields, want_rets = drawn
-    ti.reset()
-    fields, launches = _load(prog, folder)
+    fields, launches = _load(prog, folder)  # no ti.reset(): a new device costs ~1.5 s on lavapipe
     try:
         _check_forward(fields, launches, inputs, want_fields, want_rets)
         _check_gradients(fields, launches, inputs, want_fields, shim)

@@ -76,8 +76,16 @@ def snapshot_loads(kernel: Kernel) -> dict[int, list]:
         if t.kind != "range":
             continue
         order = [s for s in walk(t.body) if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE)]
+        stored: set = set()  # buffers a store earlier in the task writes
         for n, load in enumerate(order):
+            if load.op is Op.GLOBAL_STORE:
+                stored.add(id(load.attr))
             if load.op is not Op.GLOBAL_LOAD or load.attr.grad or not load.attr.dtype.is_float:
+                continue
+            if id(load.attr) in stored:
+                # it may read what the thread stored in this launch (`x[i] = a; if c: x[i] = b;
+                # x[i] = x[i] + 1`, the store not forwarded past the branch): neither the snapshot
+                # nor the field after the launch holds that value; the access checks refuse it
                 continue
             for w in order[n + 1:]:
                 if w.op is not Op.GLOBAL_STORE or w.attr is not load.attr:

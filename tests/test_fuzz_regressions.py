@@ -1,0 +1,103 @@
+"""Bugs the random programs of test_fuzz.py found, as minimal named programs. Gradients against
+float64 central differences (ad_util), values against float64 NumPy."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import wgpu_ad as ti
+from ad_util import assert_grad, central_diff
+
+pytestmark = pytest.mark.gpu
+
+N = 4
+
+
+def _branch_store_program():
+    """fuzz seed 36 (and 53, 110, ...), reduced: an element the thread stored, stored again in a
+    branch, then updated in place from its own value."""
+    b = ti.field(ti.f32, shape=N, needs_grad=True)
+    x = ti.field(ti.f32, shape=N, needs_grad=True)
+    t = ti.field(ti.f32, shape=N, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def k1():
+        for i in t:
+            t[i] = x[i]
+            if b[i] > 0.0:
+                t[i] = 2.0 * x[i]
+            t[i] = t[i] + 1.0
+            loss[None] += b[i] * t[i]
+
+    rng = np.random.default_rng(0)
+    b0, x0 = rng.uniform(-1, 1, N), rng.uniform(-1, 1, N)
+    b.from_numpy(b0.astype(np.float32))
+    x.from_numpy(x0.astype(np.float32))
+
+    def f(bv, xv):
+        return float((bv * (np.where(bv > 0, 2 * xv, xv) + 1)).sum())
+    return k1, loss, b, x, b0, x0, f
+
+
+def test_a_value_stored_in_the_launch_is_not_replayed_from_the_snapshot():
+    """The adjoint used to replay the read of `t[i]` after the branch from the copy of t taken
+    before the launch (the in-place snapshot), so d loss / d b was (t_before + 1): silently wrong.
+    It is refused now, naming the kernel, the line and the field."""
+    k1, loss, *_ = _branch_store_program()
+    with pytest.raises(ti.CompileError) as e:
+        with ti.ad.Tape(loss):
+            k1()
+    msg = str(e.value)
+    assert msg.startswith("cannot differentiate kernel 'k1': it reads field 't' (line ")
+    assert "t[i] = t[i] + 1.0" in msg
+
+
+@pytest.mark.xfail(strict=True, raises=ti.CompileError,
+                   reason="an element stored in a branch and then updated in place is refused "
+                          "(promote.py forwards stores only within one block); it should become a "
+                          "local for the whole task, as a serial loop's element does")
+def test_a_value_stored_in_a_branch_then_updated_in_place_differentiates():
+    k1, loss, b, x, b0, x0, f = _branch_store_program()
+    with ti.ad.Tape(loss):
+        k1()
+    assert loss[None] == pytest.approx(f(b0, x0), rel=1e-5)
+    assert_grad(b.grad.to_numpy(), central_diff(lambda bv: f(bv, x0), b0))
+    assert_grad(x.grad.to_numpy(), central_diff(lambda xv: f(b0, xv), x0))
+
+
+def test_an_element_a_serial_loop_updates_then_read_after_the_loop():
+    """The element a serial loop keeps in a local is stored after the loop; a read after it sees
+    that value (the promoted loop's store is forwarded to it), and its gradient is exact."""
+    a = ti.field(ti.f32, shape=N, needs_grad=True)
+    v = ti.field(ti.f32, shape=N, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def k():
+        for i in a:
+            for _ in range(3):
+                v[i] = v[i] * 0.5 + a[i]
+            v[i] = v[i] * 0.25 + v[i] * v[i]
+
+    @ti.kernel
+    def total():
+        for i in range(N):
+            loss[None] += v[i] * (i + 1.0)
+
+    rng = np.random.default_rng(1)
+    a0, v0 = rng.uniform(-1, 1, N), rng.uniform(-1, 1, N)
+    a.from_numpy(a0.astype(np.float32))
+    v.from_numpy(v0.astype(np.float32))
+
+    def f(av, vv):
+        for _ in range(3):
+            vv = vv * 0.5 + av
+        vv = vv * 0.25 + vv * vv
+        return float((vv * np.arange(1, N + 1)).sum())
+    with ti.ad.Tape(loss):
+        k()
+        total()
+    assert loss[None] == pytest.approx(f(a0, v0), rel=1e-5)
+    assert_grad(a.grad.to_numpy(), central_diff(lambda av: f(av, v0), a0))
+    assert_grad(v.grad.to_numpy(), central_diff(lambda vv: f(a0, vv), v0))
