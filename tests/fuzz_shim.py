@@ -39,7 +39,9 @@ def margin() -> float:
 
 def _note(a, b) -> None:
     if isinstance(a, (float, np.floating)) or isinstance(b, (float, np.floating)):
-        _margin[0] = builtins.min(_margin[0], builtins.abs(float(a) - float(b)))
+        d = builtins.abs(float(a) - float(b))
+        if d > 0.0:  # an exact tie is of values no input moves (abs(i * 0.2) at i = 0)
+            _margin[0] = builtins.min(_margin[0], d)
 
 
 _CMP = {"Lt": operator.lt, "LtE": operator.le, "Gt": operator.gt, "GtE": operator.ge,

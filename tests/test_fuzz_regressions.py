@@ -101,3 +101,39 @@ def test_an_element_a_serial_loop_updates_then_read_after_the_loop():
     assert loss[None] == pytest.approx(f(a0, v0), rel=1e-5)
     assert_grad(a.grad.to_numpy(), central_diff(lambda av: f(av, v0), a0))
     assert_grad(v.grad.to_numpy(), central_diff(lambda vv: f(a0, vv), v0))
+
+
+def test_adds_in_a_serial_loop_and_after_it_to_one_field():
+    """fuzz seed 19, reduced: `+=` into m in a serial loop and after it. On CPU adapters the pair
+    loop's j runs serially in each thread, so promote.py made m[j, i] a local of the k loop, stored
+    after it, and that store then conflicted with other threads' m[3 - j, j] += ...: refused as
+    'writes the same elements again' (saying 'accumulate with +=', which it did)."""
+    x = ti.field(ti.f32, shape=N, needs_grad=True)
+    m = ti.field(ti.f32, shape=(N, N), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def k():
+        for i, j in ti.ndrange(N, N):
+            for _ in range(2):
+                m[j, i] += x[i] * x[j]
+            m[N - 1 - j, j] += x[j]
+
+    @ti.kernel
+    def total():
+        for i, j in m:
+            loss[None] += ti.sin(m[i, j]) * (i + 2.0 * j)
+
+    x0 = np.random.default_rng(2).uniform(-1, 1, N)
+    x.from_numpy(x0.astype(np.float32))
+
+    def f(xv):
+        mv = 2 * np.outer(xv, xv).T
+        for j in range(N):
+            mv[N - 1 - j, j] += N * xv[j]  # once per i
+        return float((np.sin(mv) * (np.arange(N)[:, None] + 2.0 * np.arange(N)[None, :])).sum())
+    with ti.ad.Tape(loss):
+        k()
+        total()
+    assert loss[None] == pytest.approx(f(x0), rel=1e-5)
+    assert_grad(x.grad.to_numpy(), central_diff(f, x0))

@@ -140,7 +140,9 @@ def _promote_loop(loop: Stmt, kernel: Kernel, par: set) -> tuple[list, list]:
         idx = first.args[0]
         # `e[i] += v` is an atomic add whose old value nobody uses: on a local it is e = e + v
         adds = [x for x in accesses if x.op is Op.ATOMIC]
-        if (any(x.attr[0] not in (AtomicKind.ADD, AtomicKind.SUB) or id(x) in used for x in adds)
+        # adds alone need no replay: as a local they would become a store that other threads'
+        # adds to the element (the thread's own only within this loop) would conflict with
+        if (len(adds) == len(accesses) or any(x.attr[0] not in (AtomicKind.ADD, AtomicKind.SUB) or id(x) in used for x in adds)
                 or any(x.args[0] is not idx for x in accesses) or id(idx) in ids
                 or not any(x.op is not Op.GLOBAL_LOAD for x in accesses)
                 or not any(x.op is not Op.GLOBAL_STORE for x in accesses) or not _private(first, kernel, par)):
