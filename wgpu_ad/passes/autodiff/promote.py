@@ -26,7 +26,7 @@ from __future__ import annotations
 from ...ir.nodes import Block, Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
 from ...ir.utils import substitute
-from .access import _at_most_once, _enclosing_loops, _private_dims, affine
+from .access import _at_most_once, _combine, _enclosing_loops, _private_dims, _same_element, affine
 
 
 def promote_elements(kernel: Kernel) -> Kernel:
@@ -41,7 +41,110 @@ def promote_elements(kernel: Kernel) -> Kernel:
                 _forward(t.body, kernel, par, mapping)
                 substitute(kernel, mapping)
             _block(t.body, kernel, par)
+            if par is not None:
+                _promote_task(t, kernel, par)
     return kernel
+
+
+def _promote_task(t: Task, kernel: Kernel, par: set) -> None:
+    """An element the thread stores and then reads again past a branch (`x[i] = a; if c: x[i] = b;
+    x[i] = x[i] + 1`): _forward cannot follow the stores into the branch, and neither the snapshot
+    nor the field after the launch holds the value read. Such an element becomes a local of the
+    whole iteration, as a serial loop's does: loaded where first touched (not at all when that is a
+    store), stored at the end of the body."""
+    if _jumps_out(t.body):
+        return  # a `continue` of the parallel loop would skip the store at the end
+    accesses = [x for x in walk(t.body) if x.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC)]
+    used = {id(a) for x in walk(t.body) for a in x.args}
+    ld = kernel.loop_dims
+    buf_of = lambda x: x.attr[1] if x.op is Op.ATOMIC else x.attr  # noqa: E731
+    done: set = set()
+    for n, load in enumerate(accesses):
+        if load.op is not Op.GLOBAL_LOAD or id(load) in done:
+            continue
+        buf = load.attr
+        if not any(w.op is Op.GLOBAL_STORE and buf_of(w) is buf and _same_element(w, load, ld)
+                   for w in accesses[:n]):
+            continue  # reads what was there before the launch, or what the thread just stored
+        group = [x for x in accesses if buf_of(x) is buf]
+        elem = [x for x in group if _same_element(x, load, ld)]
+        first = elem[0]
+        if (any(not _different_element(x, load, ld) for x in group if x not in elem)
+                or not all(_private(x, kernel, par) for x in elem)
+                or any(x.op is Op.ATOMIC and (x.attr[0] not in (AtomicKind.ADD, AtomicKind.SUB) or id(x) in used)
+                       for x in elem)
+                or first.op is Op.ATOMIC):
+            continue
+        # where the local starts: before the top-level statement that holds the first access,
+        # with an index computed before it (or outside the body)
+        top = next(k for k, s in enumerate(t.body.stmts) if s is first or any(x is first for b in s.blocks for x in walk(b)))
+        inside = {id(x) for x in walk(t.body)} - {id(x) for x in t.body.stmts[:top]}
+        at = next((x for x in elem if id(x.args[0]) not in inside), None)
+        if at is None:
+            continue
+        done |= {id(x) for x in elem}
+        var = Stmt(Op.ALLOCA, buf.dtype, [], buf.name, name=buf.name.replace(".", "_"), loc=first.loc)
+        idx, index = at.args[0], at.index
+        head = [var]
+        if not (first.op is Op.GLOBAL_STORE and t.body.stmts[top] is first):  # else its value is stored first
+            init = Stmt(Op.GLOBAL_LOAD, buf.dtype, [idx], buf, name=buf.name, loc=first.loc, index=index)
+            head += [init, Stmt(Op.LOCAL_STORE, None, [var, init], loc=first.loc)]
+        t.body.stmts[top:top] = head
+        _to_local(elem, var, buf, t.body)
+        final = Stmt(Op.LOCAL_LOAD, buf.dtype, [var], name=var.name, loc=first.loc)
+        t.body.stmts += [final, Stmt(Op.GLOBAL_STORE, None, [idx, final], buf, loc=first.loc, index=index)]
+
+
+def _elements(accesses: list, ld: dict) -> list[list] | None:
+    """The accesses of one buffer grouped by element, or None when two of them may or may not
+    touch the same element (then none is promoted)."""
+    elements: list[list] = []
+    for x in accesses:
+        for e in elements:
+            if _same_element(e[0], x, ld):
+                e.append(x)
+                break
+        else:
+            if not all(_different_element(e[0], x, ld) for e in elements):
+                return None
+            elements.append([x])
+    return elements
+
+
+def _jumps_out(block: Block) -> bool:
+    """A CONTINUE, BREAK or RETURN outside every serial loop of the block."""
+    for s in block.stmts:
+        if s.op in (Op.CONTINUE, Op.BREAK, Op.RETURN):
+            return True
+        if s.op not in (Op.RANGE_FOR, Op.WHILE) and any(_jumps_out(b) for b in s.blocks):
+            return True
+    return False
+
+
+def _different_element(a: Stmt, b: Stmt, ld: dict) -> bool:
+    """The two accesses provably touch different elements: a constant offset in some dimension."""
+    if a.index is None or b.index is None or len(a.index) != len(b.index):
+        return False
+    for x, y in zip(a.index, b.index):
+        diff = _combine(affine(y, ld), affine(x, ld), -1)
+        if all(k is None for k in diff) and diff.get(None, 0) != 0:
+            return True
+    return False
+
+
+def _to_local(accesses: list, var: Stmt, buf, block: Block) -> None:
+    """Turn loads, stores and unused-result adds of one element into ops on the local `var`."""
+    for x in accesses:
+        if x.op is Op.GLOBAL_LOAD:
+            x.op, x.args, x.attr, x.index = Op.LOCAL_LOAD, [var], None, None
+        elif x.op is Op.GLOBAL_STORE:
+            x.op, x.args, x.attr, x.index = Op.LOCAL_STORE, [var, x.args[1]], None, None
+        else:
+            old = Stmt(Op.LOCAL_LOAD, buf.dtype, [var], name=var.name, loc=x.loc)
+            op = Op.ADD if x.attr[0] is AtomicKind.ADD else Op.SUB
+            new = Stmt(op, buf.dtype, [old, x.args[1]], name=var.name, loc=x.loc)
+            _insert_before(block, x, [old, new])
+            x.op, x.dtype, x.args, x.attr, x.index = Op.LOCAL_STORE, None, [var, new], None, None
 
 
 def _forward(block: Block, kernel: Kernel, par: set, mapping: dict) -> None:
@@ -135,7 +238,9 @@ def _promote_loop(loop: Stmt, kernel: Kernel, par: set) -> tuple[list, list]:
             by_buf.setdefault(id(x.attr[1]), []).append(x)
     used = {id(a) for x in inside for a in x.args}
     before, after = [], []
-    for accesses in by_buf.values():
+    # one local per element (the components of a vector element are elements of their own)
+    elements = [e for group in by_buf.values() for e in (_elements(group, kernel.loop_dims) or [])]
+    for accesses in elements:
         first = accesses[0]
         idx = first.args[0]
         # `e[i] += v` is an atomic add whose old value nobody uses: on a local it is e = e + v
@@ -143,7 +248,7 @@ def _promote_loop(loop: Stmt, kernel: Kernel, par: set) -> tuple[list, list]:
         # adds alone need no replay: as a local they would become a store that other threads'
         # adds to the element (the thread's own only within this loop) would conflict with
         if (len(adds) == len(accesses) or any(x.attr[0] not in (AtomicKind.ADD, AtomicKind.SUB) or id(x) in used for x in adds)
-                or any(x.args[0] is not idx for x in accesses) or id(idx) in ids
+                or id(idx) in ids
                 or not any(x.op is not Op.GLOBAL_LOAD for x in accesses)
                 or not any(x.op is not Op.GLOBAL_STORE for x in accesses) or not _private(first, kernel, par)):
             continue
@@ -152,17 +257,7 @@ def _promote_loop(loop: Stmt, kernel: Kernel, par: set) -> tuple[list, list]:
         var = Stmt(Op.ALLOCA, buf.dtype, [], buf.name, name=buf.name.replace(".", "_"), loc=loop.loc)
         init = Stmt(Op.GLOBAL_LOAD, buf.dtype, [idx], buf, name=buf.name, loc=loop.loc, index=index)
         before += [var, init, Stmt(Op.LOCAL_STORE, None, [var, init], loc=loop.loc)]
-        for x in accesses:
-            if x.op is Op.GLOBAL_LOAD:
-                x.op, x.args, x.attr, x.index = Op.LOCAL_LOAD, [var], None, None
-            elif x.op is Op.GLOBAL_STORE:
-                x.op, x.args, x.attr, x.index = Op.LOCAL_STORE, [var, x.args[1]], None, None
-            else:
-                old = Stmt(Op.LOCAL_LOAD, buf.dtype, [var], name=var.name, loc=x.loc)
-                op = Op.ADD if x.attr[0] is AtomicKind.ADD else Op.SUB
-                new = Stmt(op, buf.dtype, [old, x.args[1]], name=var.name, loc=x.loc)
-                _insert_before(loop.blocks[0], x, [old, new])
-                x.op, x.dtype, x.args, x.attr, x.index = Op.LOCAL_STORE, None, [var, new], None, None
+        _to_local(accesses, var, buf, loop.blocks[0])
         final = Stmt(Op.LOCAL_LOAD, buf.dtype, [var], name=var.name, loc=loop.loc)
         after += [final, Stmt(Op.GLOBAL_STORE, None, [idx, final], buf, loc=loop.loc, index=index)]
     return before, after
