@@ -172,3 +172,53 @@ def test_adds_in_a_serial_loop_and_after_it_to_one_field():
         total()
     assert loss[None] == pytest.approx(f(x0), rel=1e-5)
     assert_grad(x.grad.to_numpy(), central_diff(f, x0))
+
+
+def test_an_element_only_stored_in_serial_loops():
+    """fuzz seed 43 (reduced): t[i] stored (never read) in a serial loop nested in one that reads
+    it: each store overwrites the last, and the kernel was refused ('the same element may be
+    stored by more than one iteration'). The element is now a local of the loop, stored once."""
+    x = ti.field(ti.f32, shape=N, needs_grad=True)
+    v = ti.Vector.field(2, ti.f32, shape=N, needs_grad=True)
+    t = ti.Vector.field(2, ti.f32, shape=N, needs_grad=True)
+    cnt = ti.field(ti.i32, shape=N)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def k():
+        for i in t:
+            acc = 0.0
+            for j in range(cnt[i]):
+                acc = acc * 0.5 + t[i][1] * x[i]
+                for _ in range(2):
+                    t[i] = v[j] * x[i]
+            loss[None] += acc
+
+    @ti.kernel
+    def total():
+        for i in range(N):
+            loss[None] += t[i].dot(ti.Vector([1.0, 2.0])) * (i + 1.0)
+
+    rng = np.random.default_rng(4)
+    x0, v0, t0 = rng.uniform(-1, 1, N), rng.uniform(-1, 1, (N, 2)), rng.uniform(-1, 1, (N, 2))
+    c0 = np.array([0, 1, 2, 3])
+    for fld, val in ((x, x0), (v, v0), (t, t0)):
+        fld.from_numpy(val.astype(np.float32))
+    cnt.from_numpy(c0.astype(np.int32))
+
+    def f(xv, vv, tv):
+        total_ = 0.0
+        for i in range(N):
+            ti_, acc = tv[i].copy(), 0.0
+            for j in range(c0[i]):
+                acc = acc * 0.5 + ti_[1] * xv[i]
+                ti_ = vv[j] * xv[i]
+            total_ += acc + (ti_[0] + 2 * ti_[1]) * (i + 1)
+        return total_
+    with ti.ad.Tape(loss):
+        k()
+        total()
+    assert loss[None] == pytest.approx(f(x0, v0, t0), rel=1e-5)
+    assert_grad(x.grad.to_numpy(), central_diff(lambda xv: f(xv, v0, t0), x0))
+    assert_grad(v.grad.to_numpy(), central_diff(lambda vv: f(x0, vv, t0), v0))
+    assert_grad(t.grad.to_numpy(), central_diff(lambda tv: f(x0, v0, tv), t0))

@@ -238,6 +238,9 @@ def _promote_loop(loop: Stmt, kernel: Kernel, par: set) -> tuple[list, list]:
             by_buf.setdefault(id(x.attr[1]), []).append(x)
     used = {id(a) for x in inside for a in x.args}
     before, after = [], []
+    # stores alone: each iteration's value overwrites the last, which the access checks refuse
+    # unless the loop runs at most once; as a local, the last value is stored once, after it
+    once = loop.op is Op.RANGE_FOR and _at_most_once(*loop.args)
     # one local per element (the components of a vector element are elements of their own)
     elements = [e for group in by_buf.values() for e in (_elements(group, kernel.loop_dims) or [])]
     for accesses in elements:
@@ -250,7 +253,8 @@ def _promote_loop(loop: Stmt, kernel: Kernel, par: set) -> tuple[list, list]:
         if (len(adds) == len(accesses) or any(x.attr[0] not in (AtomicKind.ADD, AtomicKind.SUB) or id(x) in used for x in adds)
                 or id(idx) in ids
                 or not any(x.op is not Op.GLOBAL_LOAD for x in accesses)
-                or not any(x.op is not Op.GLOBAL_STORE for x in accesses) or not _private(first, kernel, par)):
+                or (once and not any(x.op is not Op.GLOBAL_STORE for x in accesses))
+                or not _private(first, kernel, par)):
             continue
         buf = first.attr[1] if first.op is Op.ATOMIC else first.attr
         index = first.index
