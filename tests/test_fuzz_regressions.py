@@ -222,3 +222,50 @@ def test_an_element_only_stored_in_serial_loops():
     assert_grad(x.grad.to_numpy(), central_diff(lambda xv: f(xv, v0, t0), x0))
     assert_grad(v.grad.to_numpy(), central_diff(lambda vv: f(x0, vv, t0), v0))
     assert_grad(t.grad.to_numpy(), central_diff(lambda tv: f(x0, v0, tv), t0))
+
+
+def test_an_element_a_loop_in_a_branch_updates_then_updated_after_the_branch():
+    """fuzz seed 109 (reduced): a serial loop inside a branch updates t[i] (a Vector element), and
+    after the branch t[i] is computed from its own first component. Refused before ('reads field
+    t and then overwrites what it read'); the element's index, computed only after the branch,
+    is recomputed where the iteration's local starts."""
+    b = ti.field(ti.f32, shape=N, needs_grad=True)
+    x = ti.field(ti.f32, shape=N, needs_grad=True)
+    t = ti.Vector.field(2, ti.f32, shape=N, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def k():
+        for i in t:
+            if b[i] > 0.0:
+                for _ in range(2):
+                    t[i] = t[i] * 0.5 + ti.Vector([x[i], b[i]])
+            t[i] = ti.Vector([1.0, b[i]]) * t[i][0]
+
+    @ti.kernel
+    def total():
+        for i in range(N):
+            loss[None] += t[i].dot(ti.Vector([1.0, 2.0])) * (i + 1.0)
+
+    rng = np.random.default_rng(5)
+    b0, x0, t0 = rng.uniform(-1, 1, N), rng.uniform(-1, 1, N), rng.uniform(-1, 1, (N, 2))
+    for fld, val in ((b, b0), (x, x0), (t, t0)):
+        fld.from_numpy(val.astype(np.float32))
+
+    def f(bv, xv, tv):
+        out = 0.0
+        for i in range(N):
+            e = tv[i].copy()
+            if bv[i] > 0:
+                for _ in range(2):
+                    e = e * 0.5 + np.array([xv[i], bv[i]])
+            e = np.array([1.0, bv[i]]) * e[0]
+            out += (e[0] + 2 * e[1]) * (i + 1)
+        return out
+    with ti.ad.Tape(loss):
+        k()
+        total()
+    assert loss[None] == pytest.approx(f(b0, x0, t0), rel=1e-5)
+    assert_grad(b.grad.to_numpy(), central_diff(lambda bv: f(bv, x0, t0), b0))
+    assert_grad(x.grad.to_numpy(), central_diff(lambda xv: f(b0, xv, t0), x0))
+    assert_grad(t.grad.to_numpy(), central_diff(lambda tv: f(b0, x0, tv), t0))

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from ...ir.nodes import Block, Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
-from ...ir.utils import substitute
+from ...ir.utils import is_pure, substitute
 from .access import _at_most_once, _combine, _enclosing_loops, _private_dims, _same_element, affine
 
 
@@ -79,13 +79,14 @@ def _promote_task(t: Task, kernel: Kernel, par: set) -> None:
         # with an index computed before it (or outside the body)
         top = next(k for k, s in enumerate(t.body.stmts) if s is first or any(x is first for b in s.blocks for x in walk(b)))
         inside = {id(x) for x in walk(t.body)} - {id(x) for x in t.body.stmts[:top]}
-        at = next((x for x in elem if id(x.args[0]) not in inside), None)
-        if at is None:
+        head: list = []
+        idx = _recompute(first.args[0], inside, head)
+        if idx is None:
             continue
         done |= {id(x) for x in elem}
         var = Stmt(Op.ALLOCA, buf.dtype, [], buf.name, name=buf.name.replace(".", "_"), loc=first.loc)
-        idx, index = at.args[0], at.index
-        head = [var]
+        index = first.index
+        head.append(var)
         if not (first.op is Op.GLOBAL_STORE and t.body.stmts[top] is first):  # else its value is stored first
             init = Stmt(Op.GLOBAL_LOAD, buf.dtype, [idx], buf, name=buf.name, loc=first.loc, index=index)
             head += [init, Stmt(Op.LOCAL_STORE, None, [var, init], loc=first.loc)]
@@ -93,6 +94,24 @@ def _promote_task(t: Task, kernel: Kernel, par: set) -> None:
         _to_local(elem, var, buf, t.body)
         final = Stmt(Op.LOCAL_LOAD, buf.dtype, [var], name=var.name, loc=first.loc)
         t.body.stmts += [final, Stmt(Op.GLOBAL_STORE, None, [idx, final], buf, loc=first.loc, index=index)]
+
+
+def _recompute(v: Stmt, inside: set, out: list) -> Stmt | None:
+    """`v` where it is available (not in `inside`), else a copy of its pure computation appended
+    to `out`; None when it depends on anything else (a load, a local)."""
+    if id(v) not in inside:
+        return v
+    if not is_pure(v) or v.blocks or v.op in (Op.LOCAL_LOAD, Op.LOOP_INDEX):
+        return None
+    args = []
+    for a in v.args:
+        c = _recompute(a, inside, out)
+        if c is None:
+            return None
+        args.append(c)
+    copy = Stmt(v.op, v.dtype, args, v.attr, [], v.name, v.loc, index=v.index)
+    out.append(copy)
+    return copy
 
 
 def _elements(accesses: list, ld: dict) -> list[list] | None:
