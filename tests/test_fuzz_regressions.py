@@ -269,3 +269,53 @@ def test_an_element_a_loop_in_a_branch_updates_then_updated_after_the_branch():
     assert_grad(b.grad.to_numpy(), central_diff(lambda bv: f(bv, x0, t0), b0))
     assert_grad(x.grad.to_numpy(), central_diff(lambda xv: f(b0, xv, t0), x0))
     assert_grad(t.grad.to_numpy(), central_diff(lambda tv: f(b0, x0, tv), t0))
+
+
+def test_an_element_stored_read_in_a_loop_then_stored_again():
+    """fuzz seeds 240, 552 (reduced): t[i] stored, read in a serial loop, stored again. On main the
+    gradient was silently wrong (the loop's read replayed from the snapshot); as an iteration's
+    local, the loop's read must be of the value before the loop, not the variable's final value
+    (which the adjoint's replay of the loop would otherwise see)."""
+    a = ti.field(ti.f32, shape=N, needs_grad=True)
+    x = ti.field(ti.f32, shape=N, needs_grad=True)
+    t = ti.field(ti.f32, shape=N, needs_grad=True)
+    cnt = ti.field(ti.i32, shape=N)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def k():
+        for i in t:
+            t[i] = ti.exp(ti.tanh(x[N - 1 - i]))
+            acc = 0.0
+            for _ in range(cnt[i]):
+                acc = acc * 0.5 + t[i] / (2.0 + ti.sin(x[(i + 1) % N]))
+            t[i] = 0.56
+            a[i] += acc * acc
+
+    @ti.kernel
+    def total():
+        for i in range(N):
+            loss[None] += ti.sin(a[i] + 0.3) + t[i]
+
+    rng = np.random.default_rng(6)
+    x0, a0 = rng.uniform(-1, 1, N), rng.uniform(-1, 1, N)
+    c0 = np.array([3, 0, 1, 2])
+    x.from_numpy(x0.astype(np.float32))
+    a.from_numpy(a0.astype(np.float32))
+    cnt.from_numpy(c0.astype(np.int32))
+
+    def f(xv, av):
+        out = 0.0
+        for i in range(N):
+            ti_, acc = np.exp(np.tanh(xv[N - 1 - i])), 0.0
+            for _ in range(c0[i]):
+                acc = acc * 0.5 + ti_ / (2.0 + np.sin(xv[(i + 1) % N]))
+            out += np.sin(av[i] + acc * acc + 0.3) + 0.56
+        return out
+    with ti.ad.Tape(loss):
+        k()
+        total()
+    assert loss[None] == pytest.approx(f(x0, a0), rel=1e-5)
+    assert_grad(x.grad.to_numpy(), central_diff(lambda xv: f(xv, a0), x0))
+    assert_grad(a.grad.to_numpy(), central_diff(lambda av: f(x0, av), a0))
+    np.testing.assert_array_equal(t.grad.to_numpy(), np.zeros(N))  # overwritten: its gradient is consumed

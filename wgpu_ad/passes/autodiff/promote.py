@@ -94,6 +94,35 @@ def _promote_task(t: Task, kernel: Kernel, par: set) -> None:
         _to_local(elem, var, buf, t.body)
         final = Stmt(Op.LOCAL_LOAD, buf.dtype, [var], name=var.name, loc=first.loc)
         t.body.stmts += [final, Stmt(Op.GLOBAL_STORE, None, [idx, final], buf, loc=first.loc, index=index)]
+        mapping: dict = {}
+        _hoist_loads(t.body, var, mapping)
+        substitute(kernel, mapping)
+
+
+def _hoist_loads(block: Block, var: Stmt, mapping: dict) -> None:
+    """Reads of `var` in a serial loop that does not store it read it once, before the loop (as
+    LICM does for the user's variables): the adjoint replays the loop's iterations after the rest
+    of the body, when `var` may hold a later value."""
+    for k in range(len(block.stmts) - 1, -1, -1):
+        s = block.stmts[k]
+        if s.op in (Op.RANGE_FOR, Op.WHILE) and not any(
+                x.op is Op.LOCAL_STORE and x.args[0] is var for x in walk(s.blocks[0])):
+            loads = [x for x in walk(s.blocks[0]) if x.op is Op.LOCAL_LOAD and x.args[0] is var]
+            if loads:
+                h = Stmt(Op.LOCAL_LOAD, var.dtype, [var], name=var.name, loc=s.loc)
+                block.stmts.insert(k, h)
+                mapping.update({x: h for x in loads})
+                _drop(s.blocks[0], {id(x) for x in loads})
+        else:
+            for b in s.blocks:
+                _hoist_loads(b, var, mapping)
+
+
+def _drop(block: Block, ids: set) -> None:
+    block.stmts = [s for s in block.stmts if id(s) not in ids]
+    for s in block.stmts:
+        for b in s.blocks:
+            _drop(b, ids)
 
 
 def _recompute(v: Stmt, inside: set, out: list) -> Stmt | None:
