@@ -14,6 +14,8 @@ the last value (Taichi and Warp give a silently wrong gradient). Two steps make 
    before the loop, that holds every parallel index (no other thread touches it), becomes a local:
    loaded before the loop, stored after it. Reverse mode keeps the local's versions on its loop
    stack like any mutable local.
+   An element the thread stores and then reads again past a branch or loop (where forwarding
+   stops) becomes a local of the whole iteration the same way (_promote_task).
 2. snapshot_loads: what is left is `x[i] = f(x[i])`, a read of an element that the same thread
    overwrites later in the kernel. Such a read gets its value from a snapshot of the field taken
    before the launch (plan.Snapshot): the launcher copies the field, and the adjoint's replay reads
@@ -236,7 +238,8 @@ def snapshot_loads(kernel: Kernel) -> dict[int, list]:
             if id(load.attr) in stored:
                 # it may read what the thread stored in this launch (`x[i] = a; if c: x[i] = b;
                 # x[i] = x[i] + 1`, the store not forwarded past the branch): neither the snapshot
-                # nor the field after the launch holds that value; the access checks refuse it
+                # nor the field after the launch holds that value. _promote_task makes such an
+                # element a local where it can; the access checks refuse the rest
                 continue
             for w in order[n + 1:]:
                 if w.op is not Op.GLOBAL_STORE or w.attr is not load.attr:
