@@ -51,7 +51,9 @@ class Program:
 
     def inputs(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """Initial values: floats in [-1, 1] (the loss starts at 0), trip counts in 0..3."""
-        out = {name: rng.uniform(-1.0, 1.0, shape) for name, shape in self.float_fields.items()}
+        # float32 values, so that both sides start from the same numbers
+        out = {name: rng.uniform(-1.0, 1.0, shape).astype(np.float32).astype(np.float64)
+               for name, shape in self.float_fields.items()}
         out["loss"] = np.zeros(())
         for name, shape in self.int_fields.items():
             out[name] = rng.integers(0, 4, shape)

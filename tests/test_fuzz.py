@@ -13,7 +13,10 @@ each refusal must name the kernel and the line, and refusals must stay a small f
 value, a wrong gradient or a crash fails with the seed and the program's source
 (`python tests/fuzz_gen.py SEED` prints it again).
 
-Inputs whose values grow past 1e3 are drawn again too (float32 says little there).
+Inputs whose values grow past 1e3 are drawn again too (float32 says little there), and a gradient
+that differs from the reference counts as a failure only when the reference is stable: when moving
+the inputs by float32 rounding moves the float64 gradient by less than the tolerance; else the
+program is skipped as ill-conditioned (seed 1641: acc = 0.44 - acc ** 2 iterated).
 
 CI runs WGPU_AD_FUZZ_EXAMPLES programs, default 128 (seeds 0-127: 275 random kernels besides the
 loss kernels, 948 field writes; 47 s on lavapipe with 2 cores, most of it compiling). For a longer
@@ -55,6 +58,10 @@ def _seeds(chunk: int) -> list[int]:
 
 class Refused(Exception):
     pass
+
+
+class IllConditioned(Exception):
+    """The float64 reference itself moves more than RTOL under float32-sized input changes."""
 
 
 def _close(got, want, what: str, rtol: float = RTOL) -> None:
@@ -160,8 +167,29 @@ def _check_gradients(fields, launches, inputs, want_fields, shim) -> None:
             for k, args in launches:
                 k(*args)
     _close(fields["loss"].to_numpy(), want_fields["loss"], "loss on the tape against float64")
-    for name, want in shim.grads(inputs).items():
-        _close(fields[name].grad.to_numpy(), want, f"d loss / d {name} against float64 central differences")
+    want = shim.grads(inputs)
+    try:
+        for name, g in want.items():
+            _close(fields[name].grad.to_numpy(), g, f"d loss / d {name} against float64 central differences")
+    except AssertionError:
+        if not _stable(shim, inputs, want):
+            raise IllConditioned() from None
+        raise
+
+
+def _stable(shim: Shim, inputs, want) -> bool:
+    """Does the float64 gradient stay within RTOL when the inputs move by float32 rounding (a
+    relative 1e-6: a few ulps, as a chain of float32 operations moves its intermediates)? When
+    not (a recurrence like acc = 0.44 - acc ** 2 amplifies them), float32 cannot match it."""
+    rng = np.random.default_rng(0)
+    moved = {k: (np.asarray(v * (1 + 1e-6 * rng.uniform(-1, 1, np.shape(v)))) if k in shim.prog.float_fields else v)
+             for k, v in inputs.items()}
+    try:
+        for name, g in shim.grads(moved).items():
+            _close(g, want[name], "")
+    except AssertionError:
+        return False
+    return True
 
 
 def check_program(seed: int | Program, folder) -> str:
@@ -178,6 +206,8 @@ def check_program(seed: int | Program, folder) -> str:
         _check_gradients(fields, launches, inputs, want_fields, shim)
     except ti.CompileError as e:
         raise Refused(str(e)) from e
+    except IllConditioned:
+        return "skipped"
     return "ok"
 
 
