@@ -447,7 +447,8 @@ class Generator:
             elif kind == "v":
                 terms.append(f"{name}[i].dot(ti.Vector([{c}, {self.const(0.3, 0.9)}]))")
             elif kind == "m":
-                terms.append(f"{c} * ti.sin({name}[i, (i + 1) % {self.n}]) + {name}[i, i] * {name}[(i + 2) % {self.n}, i]")
+                n = self.n
+                terms.append(f"{c} * ti.sin({name}[i, (i + 1) % {n}]) + {name}[i, i] * {name}[(i + 2) % {n}, i]")
             else:
                 terms.append(f"{c} * {name}[None] * {name}[None] / {self.n}")
         self.emit(3, "loss[None] += " + " + ".join(terms))

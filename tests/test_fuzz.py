@@ -120,7 +120,8 @@ def draw_inputs(prog: Program, shim: Shim):
     for _ in range(5):
         inputs = prog.inputs(rng)
         fields, rets, margin = shim.run(inputs)
-        big = max(float(np.abs(a).max(initial=0.0)) for a in list(fields.values()) + [np.array([r for r in rets if r is not None], float)])
+        values = list(fields.values()) + [np.array([r for r in rets if r is not None], float)]
+        big = max(float(np.abs(a).max(initial=0.0)) for a in values)
         if margin >= MARGIN and big < BIG:
             return inputs, fields, rets
     return None
@@ -151,7 +152,8 @@ def _check_forward(fields, launches, inputs, want_fields, want_rets) -> None:
         ret = k(*args)
         for fid, arr in ref.items():
             name = by_id[fid]
-            _close(fields[name].to_numpy(), arr, f"launch {step} ({k.__name__}): field {name} against the IR interpreter")
+            _close(fields[name].to_numpy(), arr,
+                   f"launch {step} ({k.__name__}): field {name} against the IR interpreter")
         if ref_ret is not None:
             _close(ret, ref_ret, f"launch {step} ({k.__name__}): return value against the IR interpreter")
             _close(ret, want_rets[step], f"launch {step} ({k.__name__}): return value against float64")

@@ -55,8 +55,8 @@ def test_an_element_stored_in_a_branch_then_updated_in_place(first_store):
     with ti.ad.Tape(loss):
         k1()
     assert loss[None] == pytest.approx(f(b0, x0, t0), rel=1e-5)
-    np.testing.assert_allclose(t.to_numpy(), np.where(b0 > 0, 2 * x0, x0 if first_store == "before_the_branch" else t0) + 1,
-                               rtol=1e-6, atol=1e-6)
+    unstored = x0 if first_store == "before_the_branch" else t0
+    np.testing.assert_allclose(t.to_numpy(), np.where(b0 > 0, 2 * x0, unstored) + 1, rtol=1e-6, atol=1e-6)
     assert_grad(b.grad.to_numpy(), central_diff(lambda bv: f(bv, x0, t0), b0))
     assert_grad(x.grad.to_numpy(), central_diff(lambda xv: f(b0, xv, t0), x0))
     # the initial t reaches the loss only where the branch is not taken and nothing stored before it

@@ -79,7 +79,8 @@ def _promote_task(t: Task, kernel: Kernel, par: set) -> None:
             continue
         # where the local starts: before the top-level statement that holds the first access,
         # with an index computed before it (or outside the body)
-        top = next(k for k, s in enumerate(t.body.stmts) if s is first or any(x is first for b in s.blocks for x in walk(b)))
+        top = next(k for k, s in enumerate(t.body.stmts)
+                   if s is first or any(x is first for b in s.blocks for x in walk(b)))
         inside = {id(x) for x in walk(t.body)} - {id(x) for x in t.body.stmts[:top]}
         head: list = []
         idx = _recompute(first.args[0], inside, head)
@@ -301,7 +302,8 @@ def _promote_loop(loop: Stmt, kernel: Kernel, par: set) -> tuple[list, list]:
         adds = [x for x in accesses if x.op is Op.ATOMIC]
         # adds alone need no replay: as a local they would become a store that other threads'
         # adds to the element (the thread's own only within this loop) would conflict with
-        if (len(adds) == len(accesses) or any(x.attr[0] not in (AtomicKind.ADD, AtomicKind.SUB) or id(x) in used for x in adds)
+        if (len(adds) == len(accesses)
+                or any(x.attr[0] not in (AtomicKind.ADD, AtomicKind.SUB) or id(x) in used for x in adds)
                 or id(idx) in ids
                 or not any(x.op is not Op.GLOBAL_LOAD for x in accesses)
                 or (once and not any(x.op is not Op.GLOBAL_STORE for x in accesses))
