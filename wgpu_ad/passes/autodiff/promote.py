@@ -14,6 +14,8 @@ the last value (Taichi and Warp give a silently wrong gradient). Two steps make 
    before the loop, that holds every parallel index (no other thread touches it), becomes a local:
    loaded before the loop, stored after it. Reverse mode keeps the local's versions on its loop
    stack like any mutable local.
+   An element the thread stores and then reads again past a branch or loop (where forwarding
+   stops) becomes a local of the whole iteration the same way (_promote_task).
 2. snapshot_loads: what is left is `x[i] = f(x[i])`, a read of an element that the same thread
    overwrites later in the kernel. Such a read gets its value from a snapshot of the field taken
    before the launch (plan.Snapshot): the launcher copies the field, and the adjoint's replay reads
@@ -25,8 +27,8 @@ from __future__ import annotations
 
 from ...ir.nodes import Block, Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
-from ...ir.utils import substitute
-from .access import _at_most_once, _enclosing_loops, _private_dims, affine
+from ...ir.utils import is_pure, substitute
+from .access import _at_most_once, _combine, _enclosing_loops, _private_dims, _same_element, affine
 
 
 def promote_elements(kernel: Kernel) -> Kernel:
@@ -42,6 +44,8 @@ def promote_elements(kernel: Kernel) -> Kernel:
                 _forward(t.body, kernel, par, mapping)
                 substitute(kernel, mapping)
             _block(t.body, kernel, par)
+            if par is not None:
+                _promote_task(t, kernel, par)
             _inductions(t.body, kernel)
     return kernel
 
@@ -101,15 +105,8 @@ def _inductions(block: Block, kernel: Kernel) -> None:
                     if id(x) in ids:
                         mapping[x] = after if top > body.stmts.index(step) else before
             substitute(kernel, mapping)
-            _remove(body, ids)
+            _drop(body, ids)
     return None
-
-
-def _remove(block: Block, ids: set) -> None:
-    block.stmts = [x for x in block.stmts if id(x) not in ids]
-    for x in block.stmts:
-        for b in x.blocks:
-            _remove(b, ids)
 
 
 def _demote_private_atomics(t: Task, kernel: Kernel, par: set) -> None:
@@ -141,6 +138,156 @@ def _demote_private_atomics(t: Task, kernel: Kernel, par: set) -> None:
         new = Stmt(Op.ADD if x.attr[0] is AtomicKind.ADD else Op.SUB, buf.dtype, [old, x.args[1]], loc=x.loc)
         _insert_before(t.body, x, [old, new])
         x.op, x.dtype, x.args, x.attr = Op.GLOBAL_STORE, None, [x.args[0], new], buf
+
+
+def _promote_task(t: Task, kernel: Kernel, par: set) -> None:
+    """An element the thread stores and then reads again past a branch (`x[i] = a; if c: x[i] = b;
+    x[i] = x[i] + 1`): _forward cannot follow the stores into the branch, and neither the snapshot
+    nor the field after the launch holds the value read. Such an element becomes a local of the
+    whole iteration, as a serial loop's does: loaded where first touched (not at all when that is a
+    store), stored at the end of the body."""
+    if _jumps_out(t.body):
+        return  # a `continue` of the parallel loop would skip the store at the end
+    accesses = [x for x in walk(t.body) if x.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC)]
+    used = {id(a) for x in walk(t.body) for a in x.args}
+    ld = kernel.loop_dims
+    buf_of = lambda x: x.attr[1] if x.op is Op.ATOMIC else x.attr  # noqa: E731
+    done: set = set()
+    for n, load in enumerate(accesses):
+        if load.op is not Op.GLOBAL_LOAD or id(load) in done:
+            continue
+        buf = load.attr
+        if not any(w.op is Op.GLOBAL_STORE and buf_of(w) is buf and _same_element(w, load, ld)
+                   for w in accesses[:n]):
+            continue  # reads what was there before the launch, or what the thread just stored
+        group = [x for x in accesses if buf_of(x) is buf]
+        elem = [x for x in group if _same_element(x, load, ld)]
+        first = elem[0]
+        if (any(not _different_element(x, load, ld) for x in group if x not in elem)
+                or not all(_private(x, kernel, par) for x in elem)
+                or any(x.op is Op.ATOMIC and (x.attr[0] not in (AtomicKind.ADD, AtomicKind.SUB) or id(x) in used)
+                       for x in elem)
+                or first.op is Op.ATOMIC):
+            continue
+        # where the local starts: before the top-level statement that holds the first access,
+        # with an index computed before it (or outside the body)
+        top = next(k for k, s in enumerate(t.body.stmts)
+                   if s is first or any(x is first for b in s.blocks for x in walk(b)))
+        inside = {id(x) for x in walk(t.body)} - {id(x) for x in t.body.stmts[:top]}
+        head: list = []
+        idx = _recompute(first.args[0], inside, head)
+        if idx is None:
+            continue
+        done |= {id(x) for x in elem}
+        var = Stmt(Op.ALLOCA, buf.dtype, [], buf.name, name=buf.name.replace(".", "_"), loc=first.loc)
+        index = first.index
+        head.append(var)
+        if not (first.op is Op.GLOBAL_STORE and t.body.stmts[top] is first):  # else its value is stored first
+            init = Stmt(Op.GLOBAL_LOAD, buf.dtype, [idx], buf, name=buf.name, loc=first.loc, index=index)
+            head += [init, Stmt(Op.LOCAL_STORE, None, [var, init], loc=first.loc)]
+        t.body.stmts[top:top] = head
+        _to_local(elem, var, buf, t.body)
+        final = Stmt(Op.LOCAL_LOAD, buf.dtype, [var], name=var.name, loc=first.loc)
+        t.body.stmts += [final, Stmt(Op.GLOBAL_STORE, None, [idx, final], buf, loc=first.loc, index=index)]
+        mapping: dict = {}
+        _hoist_loads(t.body, var, mapping)
+        substitute(kernel, mapping)
+
+
+def _hoist_loads(block: Block, var: Stmt, mapping: dict) -> None:
+    """Reads of `var` in a serial loop that does not store it read it once, before the loop (as
+    LICM does for the user's variables): the adjoint replays the loop's iterations after the rest
+    of the body, when `var` may hold a later value."""
+    for k in range(len(block.stmts) - 1, -1, -1):
+        s = block.stmts[k]
+        if s.op in (Op.RANGE_FOR, Op.WHILE) and not any(
+                x.op is Op.LOCAL_STORE and x.args[0] is var for x in walk(s.blocks[0])):
+            loads = [x for x in walk(s.blocks[0]) if x.op is Op.LOCAL_LOAD and x.args[0] is var]
+            if loads:
+                h = Stmt(Op.LOCAL_LOAD, var.dtype, [var], name=var.name, loc=s.loc)
+                block.stmts.insert(k, h)
+                mapping.update({x: h for x in loads})
+                _drop(s.blocks[0], {id(x) for x in loads})
+        else:
+            for b in s.blocks:
+                _hoist_loads(b, var, mapping)
+
+
+def _drop(block: Block, ids: set) -> None:
+    block.stmts = [s for s in block.stmts if id(s) not in ids]
+    for s in block.stmts:
+        for b in s.blocks:
+            _drop(b, ids)
+
+
+def _recompute(v: Stmt, inside: set, out: list) -> Stmt | None:
+    """`v` where it is available (not in `inside`), else a copy of its pure computation appended
+    to `out`; None when it depends on anything else (a load, a local)."""
+    if id(v) not in inside:
+        return v
+    if not is_pure(v) or v.blocks or v.op in (Op.LOCAL_LOAD, Op.LOOP_INDEX):
+        return None
+    args = []
+    for a in v.args:
+        c = _recompute(a, inside, out)
+        if c is None:
+            return None
+        args.append(c)
+    copy = Stmt(v.op, v.dtype, args, v.attr, [], v.name, v.loc, index=v.index)
+    out.append(copy)
+    return copy
+
+
+def _elements(accesses: list, ld: dict) -> list[list] | None:
+    """The accesses of one buffer grouped by element, or None when two of them may or may not
+    touch the same element (then none is promoted)."""
+    elements: list[list] = []
+    for x in accesses:
+        for e in elements:
+            if _same_element(e[0], x, ld):
+                e.append(x)
+                break
+        else:
+            if not all(_different_element(e[0], x, ld) for e in elements):
+                return None
+            elements.append([x])
+    return elements
+
+
+def _jumps_out(block: Block) -> bool:
+    """A CONTINUE, BREAK or RETURN outside every serial loop of the block."""
+    for s in block.stmts:
+        if s.op in (Op.CONTINUE, Op.BREAK, Op.RETURN):
+            return True
+        if s.op not in (Op.RANGE_FOR, Op.WHILE) and any(_jumps_out(b) for b in s.blocks):
+            return True
+    return False
+
+
+def _different_element(a: Stmt, b: Stmt, ld: dict) -> bool:
+    """The two accesses provably touch different elements: a constant offset in some dimension."""
+    if a.index is None or b.index is None or len(a.index) != len(b.index):
+        return False
+    for x, y in zip(a.index, b.index):
+        diff = _combine(affine(y, ld), affine(x, ld), -1)
+        if all(k is None for k in diff) and diff.get(None, 0) != 0:
+            return True
+    return False
+
+
+def _to_local(accesses: list, var: Stmt, buf, block: Block) -> None:
+    """Turn loads, stores and unused-result adds of one element into ops on the local `var`."""
+    for x in accesses:
+        if x.op is Op.GLOBAL_LOAD:
+            x.op, x.args, x.attr, x.index = Op.LOCAL_LOAD, [var], None, None
+        elif x.op is Op.GLOBAL_STORE:
+            x.op, x.args, x.attr, x.index = Op.LOCAL_STORE, [var, x.args[1]], None, None
+        else:
+            old = Stmt(Op.LOCAL_LOAD, buf.dtype, [var], name=var.name, loc=x.loc)
+            op = Op.ADD if x.attr[0] is AtomicKind.ADD else Op.SUB
+            new = Stmt(op, buf.dtype, [old, x.args[1]], name=var.name, loc=x.loc)
+            _insert_before(block, x, [old, new])
+            x.op, x.dtype, x.args, x.attr, x.index = Op.LOCAL_STORE, None, [var, new], None, None
 
 
 def _forward(block: Block, kernel: Kernel, par: set, mapping: dict) -> None:
@@ -175,8 +322,17 @@ def snapshot_loads(kernel: Kernel) -> dict[int, list]:
         if t.kind != "range":
             continue
         order = [s for s in walk(t.body) if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE)]
+        stored: set = set()  # buffers a store earlier in the task writes
         for n, load in enumerate(order):
+            if load.op is Op.GLOBAL_STORE:
+                stored.add(id(load.attr))
             if load.op is not Op.GLOBAL_LOAD or load.attr.grad:
+                continue
+            if id(load.attr) in stored:
+                # it may read what the thread stored in this launch (`x[i] = a; if c: x[i] = b;
+                # x[i] = x[i] + 1`, the store not forwarded past the branch): neither the snapshot
+                # nor the field after the launch holds that value. _promote_task makes such an
+                # element a local where it can; the access checks refuse the rest
                 continue
             for w in order[n + 1:]:
                 if w.op is not Op.GLOBAL_STORE or w.attr is not load.attr:
@@ -226,32 +382,31 @@ def _promote_loop(loop: Stmt, kernel: Kernel, par: set) -> tuple[list, list]:
             by_buf.setdefault(id(x.attr[1]), []).append(x)
     used = {id(a) for x in inside for a in x.args}
     before, after = [], []
-    for accesses in by_buf.values():
+    # stores alone: each iteration's value overwrites the last, which the access checks refuse
+    # unless the loop runs at most once; as a local, the last value is stored once, after it
+    once = loop.op is Op.RANGE_FOR and _at_most_once(*loop.args)
+    # one local per element (the components of a vector element are elements of their own)
+    elements = [e for group in by_buf.values() for e in (_elements(group, kernel.loop_dims) or [])]
+    for accesses in elements:
         first = accesses[0]
         idx = first.args[0]
         # `e[i] += v` is an atomic add whose old value nobody uses: on a local it is e = e + v
         adds = [x for x in accesses if x.op is Op.ATOMIC]
-        if (any(x.attr[0] not in (AtomicKind.ADD, AtomicKind.SUB) or id(x) in used for x in adds)
-                or any(x.args[0] is not idx for x in accesses) or id(idx) in ids
+        # adds alone need no replay: as a local they would become a store that other threads'
+        # adds to the element (the thread's own only within this loop) would conflict with
+        if (len(adds) == len(accesses)
+                or any(x.attr[0] not in (AtomicKind.ADD, AtomicKind.SUB) or id(x) in used for x in adds)
+                or id(idx) in ids
                 or not any(x.op is not Op.GLOBAL_LOAD for x in accesses)
-                or not any(x.op is not Op.GLOBAL_STORE for x in accesses) or not _private(first, kernel, par)):
+                or (once and not any(x.op is not Op.GLOBAL_STORE for x in accesses))
+                or not _private(first, kernel, par)):
             continue
         buf = first.attr[1] if first.op is Op.ATOMIC else first.attr
         index = first.index
         var = Stmt(Op.ALLOCA, buf.dtype, [], buf.name, name=buf.name.replace(".", "_"), loc=loop.loc)
         init = Stmt(Op.GLOBAL_LOAD, buf.dtype, [idx], buf, name=buf.name, loc=loop.loc, index=index)
         before += [var, init, Stmt(Op.LOCAL_STORE, None, [var, init], loc=loop.loc)]
-        for x in accesses:
-            if x.op is Op.GLOBAL_LOAD:
-                x.op, x.args, x.attr, x.index = Op.LOCAL_LOAD, [var], None, None
-            elif x.op is Op.GLOBAL_STORE:
-                x.op, x.args, x.attr, x.index = Op.LOCAL_STORE, [var, x.args[1]], None, None
-            else:
-                old = Stmt(Op.LOCAL_LOAD, buf.dtype, [var], name=var.name, loc=x.loc)
-                op = Op.ADD if x.attr[0] is AtomicKind.ADD else Op.SUB
-                new = Stmt(op, buf.dtype, [old, x.args[1]], name=var.name, loc=x.loc)
-                _insert_before(loop.blocks[0], x, [old, new])
-                x.op, x.dtype, x.args, x.attr, x.index = Op.LOCAL_STORE, None, [var, new], None, None
+        _to_local(accesses, var, buf, loop.blocks[0])
         final = Stmt(Op.LOCAL_LOAD, buf.dtype, [var], name=var.name, loc=loop.loc)
         after += [final, Stmt(Op.GLOBAL_STORE, None, [idx, final], buf, loc=loop.loc, index=index)]
     return before, after

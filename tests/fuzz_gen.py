@@ -1,0 +1,485 @@
+"""Random wgpu_ad programs for tests/test_fuzz.py: seeded, race-free by construction, well
+conditioned, written as Python source text.
+
+`generate(seed)` returns a `Program`: the source of a module defining `build(ti)`, which creates
+the fields, @ti.func helpers and kernels of the program and returns them with the launches to make
+in order. The same text runs under wgpu_ad (`build(wgpu_ad)`) and under the float64 shim of
+fuzz_shim.py (`build(fuzz_shim)`), which is the reference. `python tests/fuzz_gen.py SEED` prints
+one program.
+
+What a program has: scalar inputs a, b (n,), a vector field v (n, 2), a matrix-shaped field m
+(n, n), a 0-d w, an i32 field cnt (trip counts 0..3), temporaries the kernels create, and the loss.
+Kernels are parallel loops over range(n), a field, or pairs `ti.ndrange(n, n)`, and kernel-scope
+reductions `s = 0.0; for i in ...: s += ...`. Their bodies mix locals, vector locals, serial loops
+with mutable locals (constant, field-read or static trip counts; `while`; `break` / `continue` on
+data), if/else on data, helper calls, and writes: stores to fresh temporaries, in-place updates
+`x[i] = f(x[i])` (also in serial loops), and `+=` into any field the kernel does not read.
+
+Why it is race-free: a store writes element [i] of the iteration's own index in a 1-D loop, and the
+kernel reads that field only at [i]; a field a kernel accumulates into with += is not read by it.
+Why it is well conditioned: inputs are in [-1, 1]; division is by 1 + e*e or 2 + sin(e); sqrt and
+log take 1 + e*e or 2 + cos(e); exp takes tanh(e); serial recurrences contract (factor 1/2).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+FLOAT_INPUTS = {"a": "s", "b": "s", "v": "v", "m": "m", "w": "0"}   # name -> kind
+
+
+@dataclass
+class Program:
+    seed: int
+    n: int
+    source: str
+    float_fields: dict[str, tuple]   # name -> full array shape (element dims included)
+    int_fields: dict[str, tuple]
+
+    @classmethod
+    def from_source(cls, source: str, seed: int = 0) -> "Program":
+        """A program written by hand in the same form (build(ti) -> fields, launches): its
+        fields' shapes are read off a float64 run of build()."""
+        import fuzz_shim
+        fields, _ = fuzz_shim.run_module(source)["build"](fuzz_shim)
+        floats = {k: f.a.shape for k, f in fields.items() if f.dtype != fuzz_shim.i32 and k != "loss"}
+        ints = {k: f.a.shape for k, f in fields.items() if f.dtype == fuzz_shim.i32}
+        n = max((s[0] for s in floats.values() if s), default=1)
+        return cls(seed, n, source, floats, ints)
+
+    def inputs(self, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Initial values: floats in [-1, 1] (the loss starts at 0), trip counts in 0..3."""
+        # float32 values, so that both sides start from the same numbers
+        out = {name: rng.uniform(-1.0, 1.0, shape).astype(np.float32).astype(np.float64)
+               for name, shape in self.float_fields.items()}
+        out["loss"] = np.zeros(())
+        for name, shape in self.int_fields.items():
+            out[name] = rng.integers(0, 4, shape)
+        return out
+
+
+@dataclass
+class _Kernel:
+    """What the kernel being written may touch."""
+    stored: dict = field(default_factory=dict)     # field -> the index it is stored at ("i")
+    added: set = field(default_factory=set)        # fields accumulated with +=: never read here
+    loop: str = "map"                              # "map", "pair" or "reduce"
+    args: list = field(default_factory=list)
+    reads: set = field(default_factory=set)        # fields read
+
+
+class _Scope:
+    def __init__(self, idx):
+        self.idx = list(idx)          # parallel indices in scope: ["i"] or ["i", "j"]
+        self.scalars: list[str] = []  # float locals
+        self.vectors: list[str] = []  # vec2 locals
+        self.counters: list[str] = []  # serial loop counters below 3 (so below n): valid indices
+        self.ints: list[str] = []      # other integer locals (while-loop counters)
+
+    def child(self) -> "_Scope":
+        s = _Scope(self.idx)
+        s.scalars, s.vectors = list(self.scalars), list(self.vectors)
+        s.counters, s.ints = list(self.counters), list(self.ints)
+        return s
+
+
+class Generator:
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.n = int(self.rng.integers(3, 7))
+        self.kinds = dict(FLOAT_INPUTS)   # every float field -> "s" | "v" | "m" | "0"
+        self.out: list[str] = []          # lines of build()'s body
+        self.launches: list[str] = []
+        self.helpers: list[tuple[str, str]] = []   # (name, signature kind)
+        self.names = 0
+        self.k: _Kernel | None = None
+        self.read_before: set[str] = set()  # fields earlier kernels read: later ones do not write them
+
+    # ---- small helpers ---------------------------------------------------------------------
+    def chance(self, p: float) -> bool:
+        return bool(self.rng.random() < p)
+
+    def pick(self, seq):
+        return seq[int(self.rng.integers(len(seq)))]
+
+    def const(self, lo=-0.9, hi=0.9) -> str:
+        return f"{self.rng.uniform(lo, hi):.2f}"
+
+    def fresh(self, prefix: str) -> str:
+        self.names += 1
+        return f"{prefix}{self.names}"
+
+    def emit(self, depth: int, text: str) -> None:
+        self.out.append("    " * depth + text)
+
+    # ---- expressions ---------------------------------------------------------------------------
+    def readable(self, name: str) -> bool:
+        return name not in self.k.added and name != "loss"
+
+    def field_leaf(self, sc: _Scope) -> str | None:
+        """A scalar read of some field at an index valid here, or None."""
+        opts = []
+        for name, kind in self.kinds.items():
+            if not self.readable(name):
+                continue
+            comp = self.pick(["[0]", "[1]", ".x", ".y"])
+            if name in self.k.stored:           # stored in this kernel: its own element only
+                if kind in ("s", "v"):
+                    opts.append((name, f"{name}[i]" + (comp if kind == "v" else "")))
+                continue
+            ix = self.index(sc)
+            if kind == "s":
+                opts.append((name, f"{name}[{ix}]"))
+            elif kind == "v":
+                opts.append((name, f"{name}[{ix}]{comp}"))
+            elif kind == "m":
+                opts.append((name, f"{name}[{ix}, {self.index(sc)}]"))
+            else:
+                opts.append((name, f"{name}[None]"))
+        if not opts:
+            return None
+        name, text = self.pick(opts)
+        self.k.reads.add(name)
+        return text
+
+    def index(self, sc: _Scope) -> str:
+        opts = list(sc.idx) + [f"({sc.idx[0]} + 1) % {self.n}", f"{self.n - 1} - {sc.idx[-1]}"]
+        opts += sc.counters  # counters stay below 3 <= n
+        return self.pick(opts)
+
+    def leaf(self, sc: _Scope) -> str:
+        r = self.rng.random()
+        if r < 0.5:
+            f = self.field_leaf(sc)
+            if f is not None:
+                return f
+        if r < 0.75 and sc.scalars:
+            return self.pick(sc.scalars)
+        if r < 0.85:
+            ints = sc.idx + sc.counters + sc.ints
+            return f"{self.pick(ints)} * {self.const(0.1, 0.4)}"
+        if r < 0.92 and self.k.args:
+            return self.pick(self.k.args)
+        return self.const()
+
+    def expr(self, sc: _Scope, d: int = 3) -> str:
+        if d <= 0 or self.chance(0.25):
+            return self.leaf(sc)
+        e = lambda: self.expr(sc, d - 1)  # noqa: E731
+        r = int(self.rng.integers(18))
+        if r <= 3:
+            return f"({e()} {self.pick(['+', '-', '*', '+'])} {e()})"
+        if r == 4:
+            x = e()
+            return self.pick([f"({e()} / (1.0 + {x} * {x}))", f"({e()} / (2.0 + ti.sin({x})))"])
+        if r == 5:
+            return f"ti.{self.pick(['sin', 'cos', 'tanh'])}({e()})"
+        if r == 6:
+            return f"ti.exp(ti.tanh({e()}))"
+        if r == 7:
+            x = e()
+            return self.pick([f"ti.sqrt(1.0 + {x} * {x})", f"ti.log(2.0 + ti.cos({x}))",
+                              f"ti.log(1.0 + {x} * {x})"])
+        if r == 8:
+            return self.pick([f"{e()} ** 2", f"ti.tanh({e()}) ** 3"])
+        if r == 9:
+            return f"ti.{self.pick(['max', 'min'])}({e()}, {e()})"
+        if r == 10:
+            return f"ti.abs({e()})"
+        if r == 11:
+            return f"ti.atan2({e()}, 1.5 + ti.cos({e()}))"
+        if r == 12:
+            op = self.pick(["<", ">"])
+            return self.pick([f"({e()} if {e()} {op} {self.const()} else {e()})",
+                              f"ti.select({e()} {op} {self.const()}, {e()}, {e()})"])
+        if r == 13 and self.helpers:
+            name, sig = self.pick(self.helpers)
+            if sig == "ss":
+                return f"{name}({e()}, {e()})"
+            if sig == "s":
+                return f"{name}({e()})"
+            return f"{name}({self.vexpr(sc, d - 1)}, {e()}){self.pick(['[0]', '.y'])}"
+        if r in (14, 15):
+            u = self.vexpr(sc, d - 1)
+            return self.pick([f"{u}.dot({self.vexpr(sc, d - 1)})", f"{u}.norm()", f"{u}.norm(0.01)",
+                              f"{u}[{self.pick(['0', '1'])}]", f"{u}.normalized(0.01).x"])
+        return f"(-{e()})" if r == 16 else f"{self.const(0.2, 0.9)} * {e()}"
+
+    def vleaf(self, sc: _Scope) -> str:
+        opts = [(None, u) for u in sc.vectors]
+        for name, kind in self.kinds.items():
+            if kind == "v" and self.readable(name):
+                opts.append((name, f"{name}[i]" if name in self.k.stored else f"{name}[{self.index(sc)}]"))
+        if opts and self.chance(0.7):
+            name, text = self.pick(opts)
+            if name is not None:
+                self.k.reads.add(name)
+            return text
+        return f"ti.Vector([{self.leaf(sc)}, {self.leaf(sc)}])"
+
+    def vexpr(self, sc: _Scope, d: int = 2) -> str:
+        if d <= 0 or self.chance(0.4):
+            return self.vleaf(sc)
+        r = int(self.rng.integers(4))
+        if r == 0:
+            return f"({self.vexpr(sc, d - 1)} {self.pick(['+', '-'])} {self.vexpr(sc, d - 1)})"
+        if r == 1:
+            return f"({self.vexpr(sc, d - 1)} * {self.expr(sc, d - 1)})"
+        if r == 2:
+            x = self.expr(sc, d - 1)
+            return f"({self.vexpr(sc, d - 1)} / (1.0 + {x} * {x}))"
+        return f"ti.Vector([{self.expr(sc, d - 1)}, {self.expr(sc, d - 1)}])"
+
+    def cond(self, sc: _Scope) -> str:
+        return f"{self.expr(sc, 2)} {self.pick(['<', '>'])} {self.const(-0.5, 0.5)}"
+
+    # ---- helpers (@ti.func) ------------------------------------------------------------------------
+    def helper(self) -> None:
+        name = self.fresh("h")
+        sig = self.pick(["ss", "s", "vs"])
+        saved, self.k = self.k, _Kernel(added=set(self.kinds) | {"loss"})  # helpers read no fields
+        sc = _Scope(["p"])  # `p` is a float parameter here, used like a value
+        self.emit(1, "@ti.func")
+        if sig == "ss":
+            self.emit(1, f"def {name}(p, q):")
+            sc.scalars = ["p", "q"]
+            sc.idx = []
+            self.emit(2, f"return {self.expr_noidx(sc, 2)}")
+        elif sig == "s":
+            self.emit(1, f"def {name}(p):")
+            sc.scalars, sc.idx = ["p"], []
+            self.emit(2, "r = p")
+            self.emit(2, f"for kk in range({int(self.rng.integers(1, 4))}):")
+            sc.scalars.append("r")
+            self.emit(3, f"r = ti.sin(r) * 0.5 + {self.expr_noidx(sc, 2)}")
+            if self.chance(0.6):  # a return inside an if (wgpu_ad inlines "return anywhere")
+                self.emit(2, f"if {self.expr_noidx(sc, 1)} > {self.const(-0.5, 0.5)}:")
+                self.emit(3, f"return {self.expr_noidx(sc, 2)}")
+            self.emit(2, f"return {self.expr_noidx(sc, 2)}")
+        else:
+            self.emit(1, f"def {name}(u, p):")
+            sc.scalars, sc.vectors, sc.idx = ["p"], ["u"], []
+            self.emit(2, f"return u * {self.expr_noidx(sc, 1)} + ti.Vector([p, {self.expr_noidx(sc, 1)}])")
+        self.k = saved
+        self.helpers.append((name, sig))
+
+    def expr_noidx(self, sc: _Scope, d: int) -> str:
+        # in a helper there is no loop index: leaves are parameters and constants
+        sc.idx = sc.idx or []
+        saved = self.leaf
+        self.leaf = lambda s: self.pick(s.scalars) if self.chance(0.7) else self.const()  # type: ignore
+        try:
+            return self.expr(sc, d)
+        finally:
+            self.leaf = saved  # type: ignore
+
+    # ---- statements --------------------------------------------------------------------------------
+    def write(self, sc: _Scope, depth: int, targets: list[tuple[str, str]]) -> None:
+        """One write to a target chosen for this kernel: (field, "store" | "add")."""
+        name, how = self.pick(targets)
+        kind = self.kinds[name] if name != "loss" else "0"
+        if how == "store":
+            if kind == "v":
+                rhs = self.pick([f"{self.vexpr(sc)}", f"{name}[i] * {self.const(0.3, 0.9)} + {self.vexpr(sc)}"])
+            else:
+                rhs = self.pick([f"{self.expr(sc)}", f"{name}[i] * {self.const(0.3, 0.9)} + {self.expr(sc)}",
+                                 f"ti.sin({name}[i]) + {self.expr(sc, 2)}"])
+            self.emit(depth, f"{name}[i] = {rhs}")
+            return
+        if kind == "0":
+            self.emit(depth, f"{name}[None] += {self.expr(sc)}")
+        elif kind == "m":
+            self.emit(depth, f"{name}[{self.index(sc)}, {self.index(sc)}] += {self.expr(sc)}")
+        elif kind == "v":
+            self.emit(depth, f"{name}[{self.index(sc)}] += {self.vexpr(sc)}")
+        else:
+            self.emit(depth, f"{name}[{self.index(sc)}] += {self.expr(sc)}")
+
+    def stmt(self, sc: _Scope, depth: int, targets, nest: int) -> None:
+        r = self.rng.random()
+        if r < 0.22:
+            t = self.fresh("t")
+            self.emit(depth, f"{t} = {self.expr(sc)}")
+            sc.scalars.append(t)
+        elif r < 0.32:
+            u = self.fresh("u")
+            self.emit(depth, f"{u} = {self.vexpr(sc)}")
+            sc.vectors.append(u)
+        elif r < 0.55 and nest < 2:
+            self.serial_loop(sc, depth, targets, nest)
+        elif r < 0.72 and nest < 2:
+            self.if_else(sc, depth, targets, nest)
+        elif targets:
+            self.write(sc, depth, targets)
+
+    def body(self, sc: _Scope, depth: int, targets, nest: int, count: int) -> None:
+        for _ in range(count):
+            self.stmt(sc, depth, targets, nest)
+
+    def serial_loop(self, sc: _Scope, depth: int, targets, nest: int) -> None:
+        acc, kc = self.fresh("acc"), self.fresh("k")
+        self.emit(depth, f"{acc} = {self.expr(sc, 2)}")
+        trip = self.pick([str(int(self.rng.integers(1, 4))), f"cnt[{sc.idx[0]}]", f"cnt[{sc.idx[-1]}]",
+                          "static", "while"])
+        inner = sc.child()
+        inner.scalars.append(acc)
+        (inner.ints if trip == "while" else inner.counters).append(kc)
+        if trip == "while":
+            bound = self.pick([f"cnt[{sc.idx[0]}]", str(int(self.rng.integers(1, 4)))])
+            self.emit(depth, f"{kc} = 0")
+            self.emit(depth, f"while {kc} < {bound}:")
+            self.emit(depth + 1, f"{kc} += 1")
+        elif trip == "static":
+            self.emit(depth, f"for {kc} in ti.static(range({int(self.rng.integers(1, 4))})):")
+        else:
+            self.emit(depth, f"for {kc} in range({trip}):")
+        self.emit(depth + 1, f"{acc} = {self.pick(['ti.sin', 'ti.tanh', ''])}({acc}) * 0.5 + {self.expr(inner, 2)}")
+        if trip != "static" and self.chance(0.5):
+            self.emit(depth + 1, f"if {self.cond(inner)}:")
+            self.emit(depth + 2, self.pick(["break", "continue"]))
+        own = [t for t in targets if t[1] == "store"]
+        if own and self.chance(0.4):  # the recursive update of an element of the thread's own
+            name = own[0][0]
+            if self.kinds[name] == "v":
+                self.emit(depth + 1, f"{name}[i] = {name}[i] * 0.5 + {self.vexpr(inner, 1)}")
+            else:
+                self.emit(depth + 1, f"{name}[i] = 0.5 * {name}[i] + {self.expr(inner, 2)}")
+        self.body(inner, depth + 1, targets, nest + 1, int(self.rng.integers(0, 3)))
+        sc.scalars.append(acc)
+
+    def if_else(self, sc: _Scope, depth: int, targets, nest: int) -> None:
+        r = self.fresh("r")
+        self.emit(depth, f"{r} = {self.expr(sc, 1)}")
+        self.emit(depth, f"if {self.cond(sc)}:")
+        a = sc.child()
+        self.emit(depth + 1, f"{r} = {self.expr(a)}")
+        self.body(a, depth + 1, targets, nest + 1, int(self.rng.integers(0, 2)))
+        if self.chance(0.7):
+            self.emit(depth, "else:")
+            b = sc.child()
+            self.emit(depth + 1, f"{r} = {self.expr(b)}")
+            self.body(b, depth + 1, targets, nest + 1, int(self.rng.integers(0, 2)))
+        sc.scalars.append(r)
+
+    # ---- kernels -----------------------------------------------------------------------------------
+    def new_temp(self) -> str:
+        name = self.fresh("T")
+        kind = self.pick(["s", "s", "v"])
+        self.kinds[name] = kind
+        if kind == "v":
+            self.emit(1, f"{name} = ti.Vector.field(2, dtype=ti.f32, shape={self.n}, needs_grad=True)")
+        else:
+            self.emit(1, f"{name} = ti.field(dtype=ti.f32, shape={self.n}, needs_grad=True)")
+        return name
+
+    def choose_targets(self, pair: bool) -> list[tuple[str, str]]:
+        targets = []
+        if not pair:
+            if self.chance(0.6):
+                targets.append((self.new_temp(), "store"))
+            elif self.chance(0.5):
+                names = [n for n, k in self.kinds.items() if k in ("s", "v") and n not in self.read_before]
+                if names:
+                    targets.append((self.pick(names), "store"))  # updated in place
+        for _ in range(int(self.rng.integers(1, 3))):
+            name = self.pick(list(self.kinds) + ["loss"])
+            if all(name != t for t, _ in targets) and name not in self.read_before:
+                targets.append((name, "add"))
+        if not any(how == "add" for _, how in targets):
+            targets.append(("loss", "add"))  # nothing reads the loss: always a valid target
+        return targets
+
+    def kernel(self) -> None:
+        name = self.fresh("k")
+        kind = self.pick(["map", "map", "pair", "reduce"])
+        self.k = _Kernel(loop=kind)
+        if self.chance(0.25):
+            self.k.args = ["c0"]
+        targets = self.choose_targets(kind == "pair")
+        self.k.stored = {t: "i" for t, how in targets if how == "store"}
+        self.k.added = {t for t, how in targets if how == "add"}
+        self.k.reads |= set(self.k.stored)  # an update in place reads it
+        sig = ", ".join(f"{a}: ti.f32" for a in self.k.args)
+        ret = kind == "reduce" and self.chance(0.3)
+        self.emit(1, "@ti.kernel")
+        self.emit(1, f"def {name}({sig})" + (" -> ti.f32:" if ret else ":"))
+        if kind == "pair":
+            self.emit(2, self.pick([f"for i, j in ti.ndrange({self.n}, {self.n}):", "for i, j in m:"])
+                      if self.readable("m") else f"for i, j in ti.ndrange({self.n}, {self.n}):")
+            sc = _Scope(["i", "j"])
+        else:
+            loops = [f"for i in range({self.n}):"] + [f"for i in {f}:" for f, k in self.kinds.items()
+                                                        if k in ("s", "v")]
+            if kind == "reduce":
+                self.emit(2, "s = 0.0")
+            self.emit(2, self.pick(loops))
+            sc = _Scope(["i"])
+        self.body(sc, 3, targets, 0, int(self.rng.integers(1, 4)))
+        if kind == "reduce":
+            self.emit(3, f"s += {self.expr(sc)}")
+        for t, how in targets:  # every target written at least once
+            self.write(sc, 3, [(t, how)])
+        if kind == "reduce":
+            dest = "w" if "w" in self.k.added else "loss"
+            self.k.added.add(dest)
+            self.emit(2, f"{dest}[None] += s * {self.const(0.2, 0.9)}")
+            if ret:
+                self.emit(2, "return s")
+        self.read_before |= self.k.reads
+        args = ", ".join(self.const() for _ in self.k.args)
+        self.launches.append(f"({name}, ({args}{',' if args else ''}))")
+
+    def loss_kernel(self) -> None:
+        """The last kernel reads every float field, so every input gets a gradient."""
+        self.k = _Kernel(added={"loss"})
+        self.emit(1, "@ti.kernel")
+        self.emit(1, "def total():")
+        self.emit(2, f"for i in range({self.n}):")
+        terms = []
+        for name, kind in self.kinds.items():
+            c = self.const(0.3, 0.9)
+            if kind == "s":
+                terms.append(self.pick([f"{c} * {name}[i]", f"{c} * ti.sin({name}[i] + 0.3)",
+                                        f"{c} * {name}[i] * {name}[i]"]))
+            elif kind == "v":
+                terms.append(f"{name}[i].dot(ti.Vector([{c}, {self.const(0.3, 0.9)}]))")
+            elif kind == "m":
+                n = self.n
+                terms.append(f"{c} * ti.sin({name}[i, (i + 1) % {n}]) + {name}[i, i] * {name}[(i + 2) % {n}, i]")
+            else:
+                terms.append(f"{c} * {name}[None] * {name}[None] / {self.n}")
+        self.emit(3, "loss[None] += " + " + ".join(terms))
+        self.launches.append("(total, ())")
+
+    def generate(self) -> Program:
+        n = self.n
+        self.emit(0, "def build(ti):")
+        self.emit(1, f"a = ti.field(dtype=ti.f32, shape={n}, needs_grad=True)")
+        self.emit(1, f"b = ti.field(dtype=ti.f32, shape={n}, needs_grad=True)")
+        self.emit(1, f"v = ti.Vector.field(2, dtype=ti.f32, shape={n}, needs_grad=True)")
+        self.emit(1, f"m = ti.field(dtype=ti.f32, shape=({n}, {n}), needs_grad=True)")
+        self.emit(1, "w = ti.field(dtype=ti.f32, shape=(), needs_grad=True)")
+        self.emit(1, "loss = ti.field(dtype=ti.f32, shape=(), needs_grad=True)")
+        self.emit(1, f"cnt = ti.field(dtype=ti.i32, shape={n})")
+        for _ in range(int(self.rng.integers(0, 3))):
+            self.helper()
+        for _ in range(int(self.rng.integers(1, 4))):
+            self.kernel()
+        self.loss_kernel()
+        fields = ", ".join(f"{f!r}: {f}" for f in list(self.kinds) + ["loss", "cnt"])
+        self.emit(1, f"return {{{fields}}}, [{', '.join(self.launches)}]")
+        shapes = {"s": (n,), "v": (n, 2), "m": (n, n), "0": ()}
+        return Program(self.seed, n, "\n".join(self.out) + "\n",
+                       {f: shapes[k] for f, k in self.kinds.items()}, {"cnt": (n,)})
+
+
+def generate(seed: int) -> Program:
+    return Generator(seed).generate()
+
+
+if __name__ == "__main__":
+    for s in sys.argv[1:] or ["0"]:
+        print(f"# seed {s}\n{generate(int(s)).source}")
