@@ -16,7 +16,7 @@ variant rather than a uniform branch: on llvmpipe the branch cost more than the 
 """
 from __future__ import annotations
 
-from ...ir.nodes import Block, Kernel, Stmt, Task, walk
+from ...ir.nodes import Block, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
 from . import access
 

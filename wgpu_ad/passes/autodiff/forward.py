@@ -19,7 +19,7 @@ from ...ir.nodes import Block, Buffer, Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, GroupOp, Op
 from ...types import f32
 from .demote import index_signature, parallel_keys
-from .rules import JVP, ZERO
+from .rules import JVP, ZERO, Lazy, RuleBuilder
 
 
 # how each op that is not an ALU op (those are rules.JVP or rules.ZERO) is transformed
@@ -32,14 +32,7 @@ MEMORY = frozenset({Op.ALLOCA, Op.LOCAL_LOAD, Op.LOCAL_STORE, Op.GLOBAL_LOAD, Op
 NOT_IN_INPUT = frozenset({Op.STACK_ALLOC, Op.STACK_PUSH, Op.STACK_POP, Op.WG_SUM, Op.WG_LEADER})
 
 
-class _Lazy:
-    """A factor built only when the tangent it multiplies is not zero (d/dy of x**y)."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-
-class TangentEmitter:
+class TangentEmitter(RuleBuilder):
     """Builds one dual task. The arithmetic helpers take None as a zero tangent."""
 
     def __init__(self, kernel: Kernel, duals: dict[int, Buffer]):
@@ -55,27 +48,6 @@ class TangentEmitter:
         self.own: set[int] = set()  # buffers whose elements each belong to one thread of the task
 
     # ---- arithmetic used by the rules (None is a zero tangent) ---------------------------
-    def emit(self, op, args, dtype=None):
-        return self.b.emit(op, args, dtype)
-
-    def const(self, v, dtype=f32):
-        return self.b.const(v, dtype)
-
-    @property
-    def zero(self):
-        return self.const(0.0)
-
-    @property
-    def one(self):
-        return self.const(1.0)
-
-    @property
-    def half(self):
-        return self.const(0.5)
-
-    def lazy(self, fn):
-        return _Lazy(fn)
-
     def add(self, a, b):
         if a is None:
             return b
@@ -93,8 +65,8 @@ class TangentEmitter:
     def mul(self, a, b):
         if a is None or b is None:
             return None
-        a = a.fn() if isinstance(a, _Lazy) else a
-        b = b.fn() if isinstance(b, _Lazy) else b
+        a = a.fn() if isinstance(a, Lazy) else a
+        b = b.fn() if isinstance(b, Lazy) else b
         return self.b.emit(Op.MUL, [a, b])
 
     def div(self, a, b):

@@ -15,7 +15,6 @@ forward ran; loops that can exit early count their iterations.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from ...ir.builder import Builder
 from ...ir.nodes import Block, Buffer, Kernel, LaunchCapacity, Stmt, Task, walk
@@ -23,17 +22,10 @@ from ...ir.ops import AtomicKind, GroupOp, Op
 from ...types import f32, i32, u1
 from ...ir.utils import jumps_to_loop
 from .nancheck import NanChecks
-from .rules import PASS_THROUGH, RULES, ZERO
+from .rules import PASS_THROUGH, RULES, ZERO, Lazy, RuleBuilder
 
 
-@dataclass
-class Lazy:
-    """A contribution built only when the operand needs it (e.g. d/dy of x**y)."""
-
-    fn: object
-
-
-class AdjointEmitter:
+class AdjointEmitter(RuleBuilder):
     """Builds one adjoint task. `d.mul(...)` etc. emit at the current position."""
 
     def __init__(self, kernel: Kernel, grads: dict[int, Buffer], stack_size: int, flags: set = frozenset(),
@@ -76,33 +68,12 @@ class AdjointEmitter:
         self.backup: dict[int, Stmt] = {}
 
     # ---- arithmetic helpers used by the rules ---------------------------------------------
-    def emit(self, op, args, dtype=None):
-        return self.b.emit(op, args, dtype)
-
-    def const(self, v, dtype=f32):
-        return self.b.const(v, dtype)
-
-    @property
-    def zero(self):
-        return self.const(0.0)
-
-    @property
-    def one(self):
-        return self.const(1.0)
-
-    @property
-    def half(self):
-        return self.const(0.5)
-
     def add(self, a, b): return self.b.emit(Op.ADD, [a, b])
     def sub(self, a, b): return self.b.emit(Op.SUB, [a, b])
     def mul(self, a, b): return self.b.emit(Op.MUL, [a, b])
     def div(self, a, b): return self.b.emit(Op.DIV, [a, b])
     def neg(self, a): return self.b.emit(Op.NEG, [a])
     def select(self, c, a, b): return self.b.emit(Op.SELECT, [c, a, b])
-
-    def lazy(self, fn):
-        return Lazy(fn)
 
     def cast_adjoint(self, g, x):
         return g if x.dtype == f32 else None

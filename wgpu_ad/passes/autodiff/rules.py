@@ -16,6 +16,41 @@ op must be in exactly one of RULES and ZERO, and in exactly one of JVP and ZERO 
 from __future__ import annotations
 
 from ...ir.ops import GroupOp, Op
+from ...types import f32
+
+
+class Lazy:
+    """A factor built only when it is needed (d/dy of x**y): an adjoint the operand needs, a
+    tangent that is not zero."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
+class RuleBuilder:
+    """What the rules below call on both emitters (reverse.py AdjointEmitter, forward.py
+    TangentEmitter) besides their own arithmetic: statements at the builder's position `self.b`."""
+
+    def emit(self, op, args, dtype=None):
+        return self.b.emit(op, args, dtype)
+
+    def const(self, v, dtype=f32):
+        return self.b.const(v, dtype)
+
+    @property
+    def zero(self):
+        return self.const(0.0)
+
+    @property
+    def one(self):
+        return self.const(1.0)
+
+    @property
+    def half(self):
+        return self.const(0.5)
+
+    def lazy(self, fn):
+        return Lazy(fn)
 
 
 def _cmp_select(d, op, x, y, g):
