@@ -249,8 +249,8 @@ def block(r: dict) -> str:
     r2 = w["ms"]["revolve r=2"] / base
     lines.append(f"  revolve with s={w['r2_snapshots']} snapshots (each step rerun at most twice): {r2:.2f}x the "
                  f"time of stored")
-    lines.append(f"  revolve / store_all: {w['ms']['revolve'] / w['ms']['store_all']:.2f}x the time")
-    lines.append(f"  revolve / stored: {w['ms']['revolve'] / base:.2f}x the time (goal <= 2.5), "
+    lines.append(f"  revolve / store_all: {w['ms']['revolve'] / w['ms']['store_all']:.2f}x the time (goal <= 2.5)")
+    lines.append(f"  revolve / stored: {w['ms']['revolve'] / base:.2f}x the time, "
                  f"{(w['stats']['revolve']['bytes'] + w['stats']['revolve']['step_bytes']) / w['stored_bytes']:.4f}x "
                  f"the memory (the gradients of x and v: (T + 1) copies stored, 1 with checkpoints)")
     return "\n".join(lines) + "\n"

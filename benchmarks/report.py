@@ -146,7 +146,7 @@ def targets(out: dict) -> list[dict]:
     if ck:
         from benchmarks.checkpoint import targets as checkpoint_targets
         r = checkpoint_targets(ck) or {}
-        _target(rows, "checkpoint cloth: revolve / stored x[t] <= 2.5", r.get("revolve_over_stored"), 2.5)
+        _target(rows, "checkpoint cloth: revolve / store_all <= 2.5", r.get("revolve_over_store_all"), 2.5)
     fm = out.get("fwdmode")
     for c in (fm or {}).get("cases", ()):
         label = c["workload"] + " " + " ".join(f"{k}={v}" for k, v in c["params"].items())
