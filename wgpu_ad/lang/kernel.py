@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .. import plan
-from ..runtime import device as _device
 from ..compiler.options import current as _options
 from ..errors import CompileError, KernelArgError, WgpuAdError
 from ..types import MatrixType, VectorType, to_dtype
 from .external import EXTERNALS, Externals, describe, is_external
 from .launch import Launcher, launch, storage_getter
 from . import storage as _storage
+from .keep import LaunchKeep
 from .ndarray import Ndarray
 
 _compile_epoch = [0]  # bumped by ti.reset(): compiled kernels belong to one device
@@ -140,20 +140,11 @@ class Kernel:
         self._grad_cache: dict = {}
         self._dual_cache: dict = {}
         self._read_versions: dict = {}  # ids of the storages a launch read -> [(weakref, version)]
-        self._snaps: dict = {}  # ids of fields updated in place -> stack of their pre-launch copies
-        self._spare: dict = {}  # (dtype, shape, element shape) -> copies an adjoint launch has used
-        # scratch buffers (plan.Scratch) per forward Launcher id: one set for launches no tape
-        # records, a stack of per-launch sets for taped ones, the set of the latest launch, spares
-        self._scratch_own: dict = {}
-        self._scratch_taped: dict = {}
-        self._scratch_last: dict = {}
-        self._scratch_spare: dict = {}
+        self._keep = LaunchKeep(fn.__name__)  # copies and scratch kept for adjoints (keep.py)
         # checked forward variants (passes/autodiff/shadow.py) per forward Launcher id, spare shadow
         # buffers by size, and per launch key (_run_key) whether its latest launch was checked
         self._checked_lc: dict = {}
-        self._shadow_spare: dict = {}
         self._checked_runs: dict = {}
-        self._pool_generation = None  # the runtime generation the copies and scratch belong to
         self._last = None  # (epoch, compiled, specs) when every argument is a plain scalar
         self._scalar_only = all(not isinstance(a, (Template, NdarrayType, VectorType, MatrixType))
                                 and a not in (Template, NdarrayType) for a in self.anns)
@@ -263,13 +254,13 @@ class Kernel:
                 return None  # launched before anything else reaches the device, or fused with its adjoint
         taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
         if lc.snapshots and ad.keep_copies and not self._no_grad:  # no_grad: no adjoint reads them
-            self._keep_snapshots(lc, args, taped)
+            self._keep.keep_snapshots(lc, args, taped)
         if lc.ck.ret_dtype is not None and _storage.host_guard is not None:
             _storage.host_guard(self, f"the return value of kernel '{self.__name__}'")
         if lc.plan.shadowed:
-            ret = self._launch(lc, run, args, self._scratch(lc, taped), rt, self._run_key(lc, args))
+            ret = self._launch(lc, run, args, self._keep.scratch(lc, taped), rt, self._run_key(lc, args))
         else:
-            ret = launch(lc, args + self._scratch(lc, taped), rt)
+            ret = launch(lc, args + self._keep.scratch(lc, taped), rt)
         self._note_versions(lc, args)
         return ret
 
@@ -279,7 +270,7 @@ class Kernel:
         d, _specs, rt = self._get_dual(args)
         if lc.ck.ret_dtype is not None and _storage.host_guard is not None:
             _storage.host_guard(self, f"the return value of kernel '{self.__name__}'")
-        ret = launch(d, args + self._scratch(lc, False), rt)
+        ret = launch(d, args + self._keep.scratch(lc, False), rt)
         self._note_versions(lc, args)
         return ret
 
@@ -315,11 +306,11 @@ class Kernel:
         if run is lc:
             self._checked_runs[key] = False
             return launch(lc, args + scratch, rt)
-        self._drop_dead_pools()
+        self._keep.drop_dead()
         shadows = []
         for get in run.shadow_of:
             n = get(args).n_scalars
-            spare = self._shadow_spare.get(n)
+            spare = self._keep.shadow_spare.get(n)
             arr = spare.pop() if spare else Ndarray(to_dtype("u32"), (n,), name=f"{get(args).name or 'field'}_accesses")
             arr.fill(0)
             shadows.append(arr)
@@ -328,7 +319,7 @@ class Kernel:
             ret = launch(run, args + scratch + tuple(shadows), rt)
         finally:  # a later clear is recorded after the launch: the buffers may serve the next one
             for arr in shadows:
-                self._shadow_spare.setdefault(arr.n_scalars, []).append(arr)
+                self._keep.shadow_spare.setdefault(arr.n_scalars, []).append(arr)
         self._checked_runs[key] = True
         return ret
 
@@ -343,115 +334,6 @@ class Kernel:
                 f"Launch it inside ti.ad.Tape, or while something it reads has needs_grad=True, right before "
                 f"its .grad()")
 
-    def _scratch(self, lc, taped: bool) -> tuple:
-        """The scratch buffers of a forward launch (plan.Scratch: the sums of kernel-scope variables
-        reduced across a parallel loop): fresh ones per launch a tape records (each adjoint reads
-        its own launch's sums), else the same set again."""
-        if not lc.plan.scratch:
-            return ()
-        self._drop_dead_pools()
-        key = id(lc)
-        if taped:
-            spare = self._scratch_spare.get(key)
-            objs = spare.pop() if spare else self._new_scratch(lc)
-            self._scratch_taped.setdefault(key, []).append(objs)
-        else:
-            objs = self._scratch_own.get(key)
-            if objs is None:
-                objs = self._scratch_own[key] = self._new_scratch(lc)
-        self._scratch_last[key] = objs
-        return objs
-
-    def _new_scratch(self, lc) -> tuple:
-        out = []
-        for src in lc.plan.scratch:
-            arr = Ndarray(to_dtype(src.dtype), (), (src.count,) if src.count > 1 else (), name=f"{self.__name__}.sum")
-            if src.dtype in ("f32", "f16"):
-                arr._attach_grad()
-                arr._attach_dual()  # forward mode: the tangent of the sum
-            out.append(arr)
-        return tuple(out)
-
-    def _scratch_for_grad(self, lc, in_backward: bool) -> tuple:
-        """The scratch buffers an adjoint reads: its own launch's in a tape's backward pass, else
-        those of the latest forward launch; their gradients zeroed."""
-        if not lc.plan.scratch:
-            return ()
-        key = id(lc)
-        stack = self._scratch_taped.get(key)
-        if in_backward and stack:
-            objs = stack.pop()
-        else:
-            objs = self._scratch_last.get(key)
-            if objs is None:
-                raise WgpuAdError(
-                    f"{self.__name__}.grad(): kernel '{self.__name__}' sums a kernel-scope variable over a "
-                    f"parallel loop, and its gradient needs the sum of its forward launch: launch it before its "
-                    f".grad() (or inside ti.ad.Tape)")
-        for arr in objs:
-            if arr.grad is not None and not arr.grad.all_zero:
-                arr.grad.fill(0)
-        return objs
-
-    def _recycle_scratch(self, lc, objs: tuple) -> None:
-        key = id(lc)
-        if objs and objs is not self._scratch_own.get(key) and objs is not self._scratch_last.get(key) \
-                and not any(objs is o for o in self._scratch_taped.get(key, ())):
-            self._scratch_spare.setdefault(key, []).append(objs)
-
-    def _drop_dead_pools(self) -> None:
-        """Copies and scratch buffers made before a ti.reset() / ti.init() are gone with the device."""
-        gen = _device.generation()
-        if self._pool_generation != gen:
-            self._pool_generation = gen
-            for pool in (self._snaps, self._spare, self._scratch_own, self._scratch_taped, self._scratch_last,
-                         self._scratch_spare, self._shadow_spare):
-                pool.clear()
-
-    def _keep_snapshots(self, lc, args, taped: bool) -> None:
-        """Before a forward launch that updates fields in place (passes/autodiff/promote.py):
-        copy them, for its adjoint's replay. Only when a gradient may be asked for (something it
-        reads has one); a tape keeps one copy per launch, a launch outside a tape only the last."""
-        if not any(get(args).needs_grad for get in lc.loads + lc.snapshots):
-            return
-        self._drop_dead_pools()
-        fields = [get(args) for get in lc.snapshots]
-        copies = []
-        for st in fields:
-            spare = self._spare.get((st.dtype.name, st.shape, st.element_shape))
-            if spare:
-                c = spare.pop()
-            else:
-                c = Ndarray(st.dtype, st.shape, st.element_shape, name=f"{st.name}_before")
-            c._copy_from(st)
-            copies.append(c)
-        key = tuple(map(id, fields))
-        if taped:
-            self._snaps.setdefault(key, []).append(copies)
-        else:
-            for old in self._snaps.get(key, ()):
-                self._recycle(old)  # only the last launch's copies are kept: reuse the older ones
-            self._snaps[key] = [copies]
-
-    def _pop_snapshots(self, lc, args) -> tuple:
-        """The copies kept for the latest forward launch with these fields (see _keep_snapshots)."""
-        if not lc.snapshots:
-            return ()
-        fields = [get(args) for get in lc.snapshots]
-        stack = self._snaps.get(tuple(map(id, fields)))
-        if not stack:
-            names = ", ".join(st._label() for st in fields)
-            raise WgpuAdError(
-                f"{self.__name__}.grad(): kernel '{self.__name__}' updates {names} in place, so its gradient "
-                f"needs the values from before its forward launch, and none were kept: launch it right "
-                f"before its .grad() (or inside ti.ad.Tape) while something it reads has a gradient")
-        return tuple(stack.pop())
-
-    def _recycle(self, copies: tuple) -> None:
-        """Copies an adjoint launch has read go back to the pool: a later copy into one is recorded
-        after that launch, so it cannot change what the launch reads."""
-        for c in copies:
-            self._spare.setdefault((c.dtype.name, c.shape, c.element_shape), []).append(c)
     def _note_versions(self, lc, args) -> None:
         """A forward launch: bump the versions of what it wrote, remember those of what it read."""
         for get in lc.writes:
@@ -493,12 +375,12 @@ class Kernel:
         if ad.current_fwd is not None and not self._no_grad and not ad.in_no_grad:
             lc = self._get_dual(dev)[0]  # host arrays have no duals; fields may
         if lc.snapshots and ad.keep_copies and not self._no_grad:  # no_grad: no adjoint reads them
-            self._keep_snapshots(lc, dev, taped)
+            self._keep.keep_snapshots(lc, dev, taped)
         if lc.plan.shadowed and lc is fwd:
             run = self._checked(lc) if self._may_want_grad(lc, dev, tape, ad) else lc
-            ret = self._launch(lc, run, dev, self._scratch(lc, taped), rt, self._run_key(lc, dev, external=True))
+            ret = self._launch(lc, run, dev, self._keep.scratch(lc, taped), rt, self._run_key(lc, dev, external=True))
         else:
-            ret = launch(lc, dev + self._scratch(fwd, taped), rt)
+            ret = launch(lc, dev + self._keep.scratch(fwd, taped), rt)
         Externals.to_host(bound, lc.ck, grads=False)
         return ret
 
@@ -646,11 +528,11 @@ class _GradLauncher:
             fwd = k._get(dev)[0]
             k._require_checked(fwd, dev, external=True)
             g, _specs, rt = k._get_grad(dev, launching=True)
-            snaps = k._pop_snapshots(fwd, dev)
-            scratch = k._scratch_for_grad(fwd, (_ad_state or _ad()).in_backward)
+            snaps = k._keep.pop_snapshots(fwd, dev)
+            scratch = k._keep.scratch_for_grad(fwd, (_ad_state or _ad()).in_backward)
             ret = launch(g, dev + snaps + scratch, rt)
-            k._recycle(snaps)
-            k._recycle_scratch(fwd, scratch)
+            k._keep.recycle(snaps)
+            k._keep.recycle_scratch(fwd, scratch)
             read = {a.source.arg for a in k._get(dev)[0].plan.accesses
                     if a.kind == "load" and isinstance(a.source, plan.Arg)}
             Externals.to_host(bound, g.ck, grads=True, inputs=read)
@@ -660,11 +542,11 @@ class _GradLauncher:
             k._check_versions(fwd, args)
         k._require_checked(fwd, args)
         g, _specs, rt = k._get_grad(args, launching=True)
-        snaps = k._pop_snapshots(fwd, args)
-        scratch = k._scratch_for_grad(fwd, (_ad_state or _ad()).in_backward)
+        snaps = k._keep.pop_snapshots(fwd, args)
+        scratch = k._keep.scratch_for_grad(fwd, (_ad_state or _ad()).in_backward)
         ret = launch(g, args + snaps + scratch, rt)
-        k._recycle(snaps)
-        k._recycle_scratch(fwd, scratch)
+        k._keep.recycle(snaps)
+        k._keep.recycle_scratch(fwd, scratch)
         return ret
 
 
