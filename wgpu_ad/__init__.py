@@ -15,7 +15,7 @@ TaichiTypeError = KernelArgError
 TaichiRuntimeError = KernelRuntimeError
 TaichiAssertionError = KernelAssertionError
 from .frontend.builtins import (abs, acos, asin, atan, atan2, atomic_add, atomic_and, atomic_max,
-                                atomic_min, atomic_or, atomic_sub, atomic_xor, cast, ceil, cos,
+                                atomic_min, atomic_or, atomic_sub, atomic_xor, block_local, cast, ceil, cos,
                                 exp, floor, log, max, min, pow, random, round, rsqrt, select, sin,
                                 sqrt, stop_grad, tan, tanh)
 from .frontend.loops import grouped, ndrange

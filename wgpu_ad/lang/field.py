@@ -38,7 +38,10 @@ class Field(Storage):
 
     @property
     def dual(self) -> "Field":
-        if self._dual is None and not self.is_grad and not self.is_dual and self.dtype.is_float:
+        # before placement only: ti.root.dense(...).place(x, x.dual); a placed field without a dual
+        # gets the error naming needs_dual / lazy_dual
+        if self._dual is None and not self.is_grad and not self.is_dual and self.dtype.is_float and (
+                self._shape is None or self._dual_handle is not None):
             if self._dual_handle is None:
                 d = self._dual_handle = Field(self.dtype, None, self.element_shape)
                 d.is_dual, d.primal = True, self
