@@ -42,6 +42,11 @@ class UnsupportedError(CompileError):
     """A Python construct that kernels do not support."""
 
 
+class GradRegistrationError(WgpuAdError, RuntimeError):
+    """@ti.ad.grad_for / grad_replaced / no_grad used on the wrong kind of function (a
+    RuntimeError, as Taichi raises it)."""
+
+
 class KernelArgError(WgpuAdError, TypeError):
     """A kernel was called with an argument of the wrong type or shape."""
 
