@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from ..errors import GradRegistrationError, WgpuAdError
+from ..errors import AutodiffUsageError, WgpuAdError
 from . import state
 
 
@@ -109,10 +109,10 @@ def grad_replaced(func: Callable) -> GradReplaced:
         functools.update_wrapper(call, getattr(kern, "fn", kern))
         return GradReplaced(call)
     if isinstance(func, GradReplaced):
-        raise GradRegistrationError(f"'{func.__name__}' is already decorated with @ti.ad.grad_replaced or "
+        raise AutodiffUsageError(f"'{func.__name__}' is already decorated with @ti.ad.grad_replaced or "
                           f"@ti.ad.no_grad; decorate it once")
     if not callable(func):
-        raise GradRegistrationError(f"@ti.ad.grad_replaced decorates a function, got {type(func).__name__}")
+        raise AutodiffUsageError(f"@ti.ad.grad_replaced decorates a function, got {type(func).__name__}")
     return GradReplaced(func)
 
 
@@ -122,22 +122,22 @@ def grad_for(primal: Any) -> Callable[[Callable], Callable]:
     if not isinstance(primal, GradReplaced):
         name = getattr(primal, "__name__", type(primal).__name__)
         if _is_kernel(primal):
-            raise GradRegistrationError(
+            raise AutodiffUsageError(
                 f"@ti.ad.grad_for({name}): '{name}' is a kernel; its gradient is generated. To replace "
                 f"it, wrap the launch in a Python function decorated with @ti.ad.grad_replaced and "
                 f"register the gradient for that function")
-        raise GradRegistrationError(f"@ti.ad.grad_for({name}): '{name}' must be decorated with "
+        raise AutodiffUsageError(f"@ti.ad.grad_for({name}): '{name}' must be decorated with "
                           f"@ti.ad.grad_replaced first")
     if primal.no_grad:
-        raise GradRegistrationError(f"@ti.ad.grad_for({primal.__name__}): '{primal.__name__}' is marked "
+        raise AutodiffUsageError(f"@ti.ad.grad_for({primal.__name__}): '{primal.__name__}' is marked "
                           f"@ti.ad.no_grad (its gradient is zero); use @ti.ad.grad_replaced instead")
 
     def decorator(func: Callable) -> Callable:
         if primal.grad_fn is not None:
-            raise GradRegistrationError(f"'{primal.__name__}' already has a gradient function "
+            raise AutodiffUsageError(f"'{primal.__name__}' already has a gradient function "
                               f"('{getattr(primal.grad_fn, '__name__', '?')}'); register one only")
         if not callable(func):
-            raise GradRegistrationError(f"@ti.ad.grad_for({primal.__name__}) decorates a function, got "
+            raise AutodiffUsageError(f"@ti.ad.grad_for({primal.__name__}) decorates a function, got "
                               f"{type(func).__name__}")
         primal.grad_fn = func
         return func
@@ -152,8 +152,8 @@ def no_grad(func: Any) -> Any:
         func._no_grad = True
         return func
     if isinstance(func, GradReplaced):
-        raise GradRegistrationError(f"'{func.__name__}' is already decorated with @ti.ad.grad_replaced or "
+        raise AutodiffUsageError(f"'{func.__name__}' is already decorated with @ti.ad.grad_replaced or "
                           f"@ti.ad.no_grad; decorate it once")
     if not callable(func):
-        raise GradRegistrationError(f"@ti.ad.no_grad decorates a kernel or a function, got {type(func).__name__}")
+        raise AutodiffUsageError(f"@ti.ad.no_grad decorates a kernel or a function, got {type(func).__name__}")
     return GradReplaced(func, no_grad=True)

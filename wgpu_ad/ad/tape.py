@@ -23,7 +23,7 @@ import warnings
 from dataclasses import dataclass, field as dc_field
 from typing import Any, Callable
 
-from ..errors import WgpuAdError
+from ..errors import AutodiffUsageError, WgpuAdError
 from . import state
 from .naming import describe, quoted
 
@@ -215,15 +215,15 @@ class Tape:
         L = self.loss
         what = f"loss {describe(L)}"
         if L.is_grad:
-            raise WgpuAdError(f"{what} is a gradient; pass the primal field as the loss")
+            raise AutodiffUsageError(f"{what} is a gradient; pass the primal field as the loss")
         if not L.dtype.is_float:
-            raise WgpuAdError(f"{what} has dtype {L.dtype}: the loss must be a float field")
+            raise AutodiffUsageError(f"{what} has dtype {L.dtype}: the loss must be a float field")
         if L.n_scalars != 1:
-            raise WgpuAdError(f"{what} has shape {L.shape + L.element_shape}: ti.ad.Tape(loss=...) needs a 0-d "
+            raise AutodiffUsageError(f"{what} has shape {L.shape + L.element_shape}: ti.ad.Tape(loss=...) needs a 0-d "
                               f"field holding one number (shape=()). For several outputs, seed their .grad "
                               f"yourself and use ti.ad.Tape() without a loss, then tape.grad()")
         if not L.needs_grad:
-            raise WgpuAdError(f"{what} has no gradient: create it with needs_grad=True (or call "
+            raise AutodiffUsageError(f"{what} has no gradient: create it with needs_grad=True (or call "
                               f"ti.root.lazy_grad()) before the tape")
 
     # ---- recording (called by the launcher through state.on_launch) ----------------------------
