@@ -247,6 +247,21 @@ class Tape:
                     entry = self.entries[-1] if self._custom is None else None
                     self._validator.before_launch(entry, acc)
 
+    def host_write(self, storage, who: str) -> None:
+        """A Python-scope write (from_numpy, fill, x[i] = ...) inside the with block: refused when a
+        kernel recorded before it read the storage, whose gradient would be computed from the new
+        values (Taichi refuses NumPy I/O inside a tape altogether)."""
+        for e in self.entries:
+            for k, a in e.launches():
+                acc = _accesses(k, a)
+                if acc is not None and any(r is storage for r in acc[0]):
+                    n = storage.name or "x"
+                    raise AutodiffUsageError(
+                        f"ti.ad.Tape: {describe(storage)} is written by {who} inside the tape after kernel "
+                        f"'{e.name}' read it; the gradient of '{e.name}' would be computed from the new values "
+                        f"and be silently wrong. Set {n} before the tape, or write it in a kernel "
+                        f"(recorded, so the backward pass sees the values '{e.name}' read)")
+
     def defer(self, kernel, launcher, args: tuple, rt) -> bool:
         """Called by the launcher right after record(): defer this launch (True) when it may end
         up as the tape's last one and run fused with its adjoint. The runtime launches it as usual
