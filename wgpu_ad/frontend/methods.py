@@ -98,9 +98,8 @@ def eval_ref_or_value(fl, node: ast.expr, store: bool = False):
             if static_key and all(isinstance(k, int) for k in (key if isinstance(key, tuple) else (key,))):
                 return component_ref(fl.o, base, key)
             if store and base.shape and key is not None and not isinstance(key, (list, Mat)) and all(
-                    not isinstance(k, Mat) for k in (key if isinstance(key, tuple) else (key,))) and \
-                    len(key if isinstance(key, tuple) else (key,)) == len(base.shape):
-                return dynamic_component_ref(fl.o, base, key)
+                    not isinstance(k, Mat) for k in (key if isinstance(key, tuple) else (key,))):
+                return dynamic_component_ref(fl.o, base, key)  # m[i][j, k] = ... with j, k on the GPU
             base = base.load(fl.o)
         return fl._mat_index(base, key, node) if isinstance(base, Mat) else fl._index_static(base, key, node)
     if isinstance(node, ast.Attribute):
