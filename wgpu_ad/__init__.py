@@ -5,8 +5,8 @@
 from . import ad
 from .ad import Tape, clear_all_gradients, grad_for, grad_replaced, no_grad
 from .compiler import CompileOptions, current_options as compile_options, set_options as set_compile_options
-from .errors import (CompileError, GpuError, KernelArgError, KernelAssertionError, KernelRuntimeError,
-                     UnsupportedError, WgpuAdError)
+from .errors import (AutodiffUsageError, CompileError, GpuError, KernelArgError, KernelAssertionError,
+                     KernelRuntimeError, NotDifferentiableError, UnsupportedError, WgpuAdError)
 
 # Taichi's exception names, for programs and tests written for Taichi (`pytest.raises(ti.TaichiX)`)
 TaichiCompilationError = CompileError
@@ -15,7 +15,7 @@ TaichiTypeError = KernelArgError
 TaichiRuntimeError = KernelRuntimeError
 TaichiAssertionError = KernelAssertionError
 from .frontend.builtins import (abs, acos, asin, atan, atan2, atomic_add, atomic_and, atomic_max,
-                                atomic_min, atomic_or, atomic_sub, atomic_xor, cast, ceil, cos,
+                                atomic_min, atomic_or, atomic_sub, atomic_xor, block_local, cast, ceil, cos,
                                 exp, floor, log, max, min, pow, random, round, rsqrt, select, sin,
                                 sqrt, stop_grad, tan, tanh)
 from .frontend.loops import grouped, ndrange

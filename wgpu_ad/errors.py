@@ -38,8 +38,19 @@ class CompileError(WgpuAdError):
         super().__init__(text)
 
 
+class NotDifferentiableError(CompileError, RuntimeError):
+    """Reverse mode refuses a kernel (ti.random, gradients read in the kernel, ...): the message
+    names the kernel, the line and the fix. A RuntimeError too, as Taichi raises these."""
+
+
 class UnsupportedError(CompileError):
     """A Python construct that kernels do not support."""
+
+
+class AutodiffUsageError(WgpuAdError, RuntimeError):
+    """The autodiff API used wrongly: @ti.ad.grad_for / grad_replaced / no_grad on the wrong kind
+    of function, a ti.ad.Tape loss that is not one number with a gradient (a RuntimeError, as
+    Taichi raises it)."""
 
 
 class KernelArgError(WgpuAdError, TypeError):

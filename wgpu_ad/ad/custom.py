@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from ..errors import WgpuAdError
+from ..errors import AutodiffUsageError, WgpuAdError
 from . import state
 
 
@@ -60,9 +60,31 @@ class GradReplaced:
             state.in_backward = prev
         return None
 
+    def __get__(self, obj, objtype=None):
+        """A method (of a @ti.data_oriented class): bound to its object, for the call and .grad."""
+        return self if obj is None else _BoundGradReplaced(self, obj)
+
     def __repr__(self) -> str:
         what = "no_grad" if self.no_grad else "grad_replaced"
         return f"<ti.ad.{what} function {self.__name__}>"
+
+
+class _BoundGradReplaced:
+    """obj.method for a grad_replaced (no_grad) method: the tape records the call with obj as the
+    first argument, so the gradient method gets it as self."""
+
+    def __init__(self, fn: GradReplaced, obj):
+        self.__func__, self.__self__ = fn, obj
+        self.__name__ = fn.__name__
+
+    def __call__(self, *args, **kwargs):
+        return self.__func__(self.__self__, *args, **kwargs)
+
+    def grad(self, *args, **kwargs) -> None:
+        return self.__func__.grad(self.__self__, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<bound {self.__func__!r} of {self.__self__!r}>"
 
 
 def grad_replaced(func: Callable) -> GradReplaced:
@@ -87,10 +109,10 @@ def grad_replaced(func: Callable) -> GradReplaced:
         functools.update_wrapper(call, getattr(kern, "fn", kern))
         return GradReplaced(call)
     if isinstance(func, GradReplaced):
-        raise WgpuAdError(f"'{func.__name__}' is already decorated with @ti.ad.grad_replaced or "
+        raise AutodiffUsageError(f"'{func.__name__}' is already decorated with @ti.ad.grad_replaced or "
                           f"@ti.ad.no_grad; decorate it once")
     if not callable(func):
-        raise WgpuAdError(f"@ti.ad.grad_replaced decorates a function, got {type(func).__name__}")
+        raise AutodiffUsageError(f"@ti.ad.grad_replaced decorates a function, got {type(func).__name__}")
     return GradReplaced(func)
 
 
@@ -100,22 +122,22 @@ def grad_for(primal: Any) -> Callable[[Callable], Callable]:
     if not isinstance(primal, GradReplaced):
         name = getattr(primal, "__name__", type(primal).__name__)
         if _is_kernel(primal):
-            raise WgpuAdError(
+            raise AutodiffUsageError(
                 f"@ti.ad.grad_for({name}): '{name}' is a kernel; its gradient is generated. To replace "
                 f"it, wrap the launch in a Python function decorated with @ti.ad.grad_replaced and "
                 f"register the gradient for that function")
-        raise WgpuAdError(f"@ti.ad.grad_for({name}): '{name}' must be decorated with "
+        raise AutodiffUsageError(f"@ti.ad.grad_for({name}): '{name}' must be decorated with "
                           f"@ti.ad.grad_replaced first")
     if primal.no_grad:
-        raise WgpuAdError(f"@ti.ad.grad_for({primal.__name__}): '{primal.__name__}' is marked "
+        raise AutodiffUsageError(f"@ti.ad.grad_for({primal.__name__}): '{primal.__name__}' is marked "
                           f"@ti.ad.no_grad (its gradient is zero); use @ti.ad.grad_replaced instead")
 
     def decorator(func: Callable) -> Callable:
         if primal.grad_fn is not None:
-            raise WgpuAdError(f"'{primal.__name__}' already has a gradient function "
+            raise AutodiffUsageError(f"'{primal.__name__}' already has a gradient function "
                               f"('{getattr(primal.grad_fn, '__name__', '?')}'); register one only")
         if not callable(func):
-            raise WgpuAdError(f"@ti.ad.grad_for({primal.__name__}) decorates a function, got "
+            raise AutodiffUsageError(f"@ti.ad.grad_for({primal.__name__}) decorates a function, got "
                               f"{type(func).__name__}")
         primal.grad_fn = func
         return func
@@ -130,8 +152,8 @@ def no_grad(func: Any) -> Any:
         func._no_grad = True
         return func
     if isinstance(func, GradReplaced):
-        raise WgpuAdError(f"'{func.__name__}' is already decorated with @ti.ad.grad_replaced or "
+        raise AutodiffUsageError(f"'{func.__name__}' is already decorated with @ti.ad.grad_replaced or "
                           f"@ti.ad.no_grad; decorate it once")
     if not callable(func):
-        raise WgpuAdError(f"@ti.ad.no_grad decorates a kernel or a function, got {type(func).__name__}")
+        raise AutodiffUsageError(f"@ti.ad.no_grad decorates a kernel or a function, got {type(func).__name__}")
     return GradReplaced(func, no_grad=True)

@@ -23,7 +23,7 @@ import warnings
 from dataclasses import dataclass, field as dc_field
 from typing import Any, Callable
 
-from ..errors import WgpuAdError
+from ..errors import AutodiffUsageError, WgpuAdError
 from . import state
 from .naming import describe, quoted
 
@@ -215,15 +215,15 @@ class Tape:
         L = self.loss
         what = f"loss {describe(L)}"
         if L.is_grad:
-            raise WgpuAdError(f"{what} is a gradient; pass the primal field as the loss")
+            raise AutodiffUsageError(f"{what} is a gradient; pass the primal field as the loss")
         if not L.dtype.is_float:
-            raise WgpuAdError(f"{what} has dtype {L.dtype}: the loss must be a float field")
+            raise AutodiffUsageError(f"{what} has dtype {L.dtype}: the loss must be a float field")
         if L.n_scalars != 1:
-            raise WgpuAdError(f"{what} has shape {L.shape + L.element_shape}: ti.ad.Tape(loss=...) needs a 0-d "
+            raise AutodiffUsageError(f"{what} has shape {L.shape + L.element_shape}: ti.ad.Tape(loss=...) needs a 0-d "
                               f"field holding one number (shape=()). For several outputs, seed their .grad "
                               f"yourself and use ti.ad.Tape() without a loss, then tape.grad()")
         if not L.needs_grad:
-            raise WgpuAdError(f"{what} has no gradient: create it with needs_grad=True (or call "
+            raise AutodiffUsageError(f"{what} has no gradient: create it with needs_grad=True (or call "
                               f"ti.root.lazy_grad()) before the tape")
 
     # ---- recording (called by the launcher through state.on_launch) ----------------------------
@@ -246,6 +246,21 @@ class Tape:
                 if self._validator is not None:
                     entry = self.entries[-1] if self._custom is None else None
                     self._validator.before_launch(entry, acc)
+
+    def host_write(self, storage, who: str) -> None:
+        """A Python-scope write (from_numpy, fill, x[i] = ...) inside the with block: refused when a
+        kernel recorded before it read the storage, whose gradient would be computed from the new
+        values (Taichi refuses NumPy I/O inside a tape altogether)."""
+        for e in self.entries:
+            for k, a in e.launches():
+                acc = _accesses(k, a)
+                if acc is not None and any(r is storage for r in acc[0]):
+                    n = storage.name or "x"
+                    raise AutodiffUsageError(
+                        f"ti.ad.Tape: {describe(storage)} is written by {who} inside the tape after kernel "
+                        f"'{e.name}' read it; the gradient of '{e.name}' would be computed from the new values "
+                        f"and be silently wrong. Set {n} before the tape, or write it in a kernel "
+                        f"(recorded, so the backward pass sees the values '{e.name}' read)")
 
     def defer(self, kernel, launcher, args: tuple, rt) -> bool:
         """Called by the launcher right after record(): defer this launch (True) when it may end

@@ -128,6 +128,18 @@ def _stop_grad(o: Ops, x):
 stop_grad = Builtin("stop_grad", lambda x: x, _stop_grad)
 
 
+def _block_local(o: Ops, *fields):
+    """Taichi's hint to cache fields in GPU shared memory (its BLS): a performance hint with no
+    effect on values or gradients. wgpu_ad reads global memory directly, so it generates nothing."""
+    for f in fields:
+        if not (hasattr(f, "gpu_buffer") or getattr(f, "is_array_arg", False)):
+            raise CompileError(f"ti.block_local() takes fields, got {f!r}")
+    return None
+
+
+block_local = Builtin("block_local", lambda *fields: None, _block_local)
+
+
 def _clamp(o: Ops, x, lo, hi):
     return o.binary(Op.MIN, o.binary(Op.MAX, x, lo), hi)
 

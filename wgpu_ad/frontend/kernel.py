@@ -280,6 +280,8 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
     def new_lowerer(env: dict) -> FuncLowerer:
         return FuncLowerer(k, pf, [env, {}], ReturnCtx("kernel"))
 
+    task_stops: dict[int, list] = {}  # id(task) -> what ti.stop_grad named inside it
+
     def flush_serial():
         if not serial:
             return
@@ -293,8 +295,11 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
             for entry in prelude[:max(n_pre, 0)]:
                 _replay(fl, entry, tasks)
             _forget_moved(fl, k)
+            n_stopped = len(k.builder.no_grad)
             for st, env in serial:
                 _with_env(fl, env, lambda: fl.lower_body([st]))
+            task_stops[id(task)] = k.builder.no_grad[n_stopped:]
+            del k.builder.no_grad[n_stopped:]
         tasks.append(task)
         for st, _ in serial:
             for n in ast.walk(st):
@@ -313,6 +318,12 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
             if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and \
                     _resolve(probe.globals, st.value.func) is B.stop_grad:
                 fl = new_lowerer(task_env(env))  # ti.stop_grad(field): a fact of the kernel, no code
+                with k.builder.at(Block()):
+                    fl.visit(st)
+                continue
+            if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and \
+                    _resolve(probe.globals, st.value.func) is B.block_local:
+                fl = new_lowerer(task_env(env))  # a hint, no code (its arguments are checked)
                 with k.builder.at(Block()):
                     fl.visit(st)
                 continue
@@ -345,7 +356,11 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
                 if after:  # zero the sums in a serial task of their own
                     serial.extend(after[0])
                     flush_serial()
-                tasks.append(_range_task(k, new_lowerer, task_env, prelude, tasks, st, env, cfg))
+                n_stopped = len(k.builder.no_grad)
+                task = _range_task(k, new_lowerer, task_env, prelude, tasks, st, env, cfg)
+                task_stops[id(task)] = k.builder.no_grad[n_stopped:]  # ti.stop_grad(x) in the loop: this task's
+                del k.builder.no_grad[n_stopped:]
+                tasks.append(task)
                 if after:
                     process(after[1], env)
                 continue
@@ -366,9 +381,12 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
         k.arg_slot("_seed", u32, plan.Seed())
         kern.uses_random = True
     kern.debug = debug
-    kern.no_grad = frozenset(x.buffer.source if getattr(x, "is_array_arg", False) else k.buffers[id(x)].source
-                             for x in k.builder.no_grad
-                             if getattr(x, "is_array_arg", False) or id(x) in k.buffers)
+    def stopped(xs) -> frozenset:
+        return frozenset(x.buffer.source if getattr(x, "is_array_arg", False) else k.buffers[id(x)].source
+                         for x in xs if getattr(x, "is_array_arg", False) or id(x) in k.buffers)
+    kern.no_grad = stopped(k.builder.no_grad)
+    for t in tasks:
+        t.no_grad = stopped(task_stops.get(id(t), ()))
     return kern, k.storages
 
 

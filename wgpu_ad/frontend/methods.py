@@ -13,7 +13,7 @@ from ..types import DType, MatrixType, VectorType, f32, i32, to_dtype, u1
 from . import builtins as B
 from .inline import NUMERIC_MODULES, PlainFunc, inline_func, inlinable, module_root
 from .printing import lower_print
-from .refs import (GlobalRef, LocalRef, Ref, bounds_assert, component_ref, linear_index,
+from .refs import (GlobalRef, LocalRef, Ref, bounds_assert, component_ref, dynamic_component_ref, linear_index,
                    swizzle_ref)
 from .values import Mat, Ops, dtype_of, is_static
 
@@ -83,7 +83,7 @@ def global_ref(fl, obj, key, node) -> GlobalRef:
     return GlobalRef(buf, indices, tuple(elem), label, [tuple(ints) + (c,) for c in range(esize)])
 
 
-def eval_ref_or_value(fl, node: ast.expr):
+def eval_ref_or_value(fl, node: ast.expr, store: bool = False):
     """Like visiting an expression, but a field element (or a component/swizzle of one) comes
     back as a GlobalRef and a mutable local as its LocalRef, so it can be assigned to."""
     if isinstance(node, ast.Name):
@@ -97,6 +97,9 @@ def eval_ref_or_value(fl, node: ast.expr):
             static_key = is_static(key) and not isinstance(key, (list,)) and key is not None
             if static_key and all(isinstance(k, int) for k in (key if isinstance(key, tuple) else (key,))):
                 return component_ref(fl.o, base, key)
+            if store and base.shape and key is not None and not isinstance(key, (list, Mat)) and all(
+                    not isinstance(k, Mat) for k in (key if isinstance(key, tuple) else (key,))):
+                return dynamic_component_ref(fl.o, base, key)  # m[i][j, k] = ... with j, k on the GPU
             base = base.load(fl.o)
         return fl._mat_index(base, key, node) if isinstance(base, Mat) else fl._index_static(base, key, node)
     if isinstance(node, ast.Attribute):
@@ -111,7 +114,7 @@ def eval_ref_or_value(fl, node: ast.expr):
 
 
 def make_ref(fl, node: ast.expr) -> Ref:
-    r = eval_ref_or_value(fl, node)
+    r = eval_ref_or_value(fl, node, store=True)
     if isinstance(r, Ref):
         return r
     if isinstance(node, ast.Name):
@@ -233,7 +236,13 @@ def lower_call(fl, node: ast.Call):
         if callee.ref_first_arg:
             if not node.args:
                 raise fl.error(node, f"ti.{callee.name}() needs a target")
-            ref = make_ref(fl, node.args[0])
+            target = eval_ref_or_value(fl, node.args[0], store=True)
+            if hasattr(target, "gpu_buffer") and target.shape == ():
+                # ti.atomic_add(loss, v) with a 0-d field: its element, as loss[None]
+                sub = ast.copy_location(ast.Subscript(node.args[0], ast.Constant(None), ast.Load()), node.args[0])
+                ref = global_ref(fl, target, None, sub)
+            else:
+                ref = make_ref(fl, node.args[0])
             rest = [fl.visit(a) for a in node.args[1:]]
             return callee.lower(o, ref, *rest)
         args, kwargs = _args(fl, node)

@@ -197,3 +197,66 @@ def bounds_assert(o: Ops, multi: list, shape: list, label: str, what: str) -> No
     msg = f"index ({idx}) is out of range for {what} of shape ({shp}{',' if len(shape) == 1 else ''}) in {label}{where}"
     vals = [o.to_stmt(v, i32) for v in multi] + [o.to_stmt(v, i32) for v in dyn]
     o.b.emit(Op.ASSERT, [o.to_stmt(cond, u1)] + vals, None, msg)
+
+
+@dataclass
+class DynamicComponentRef(Ref):
+    """m[i][j, k] / v[j] with component indices computed on the GPU: one scalar component of a
+    vector / matrix ref, chosen at run time. A load selects among the components; a store or an
+    atomic writes the component whose index matches, under an `if` per component, so every access
+    keeps a static component (for the autodiff access analysis) and the adjoint needs no rule of
+    its own. An index out of range writes nothing (and reads the last component)."""
+
+    subs: list            # the scalar refs of the vector / matrix, in row-major order
+    flat: Stmt            # the i32 row-major component index
+    base: Ref
+    shape: tuple = ()
+
+    def scalar_refs(self):
+        return [self]
+
+    def dtype(self) -> DType:
+        return self.subs[0].dtype()
+
+    def _hits(self, o: Ops):
+        return [(c, o.binary(Op.EQ, self.flat, c)) for c in range(len(self.subs))]
+
+    def load(self, o: Ops):
+        v = self.subs[-1].load(o)
+        for c in range(len(self.subs) - 2, -1, -1):
+            v = o.select(o.binary(Op.EQ, self.flat, c), self.subs[c].load(o), v)
+        return v
+
+    def store(self, o: Ops, value):
+        (v,) = self._split(o, value)
+        for c, hit in self._hits(o):
+            s = o.b.if_(o.to_stmt(hit, u1))
+            with o.b.at(s.blocks[0]):
+                self.subs[c].store(o, v)
+
+    def atomic(self, o: Ops, kind: AtomicKind, value):
+        (v,) = self._split(o, value)
+        old = self.load(o)  # the value before, as an atomic returns it
+        for c, hit in self._hits(o):
+            s = o.b.if_(o.to_stmt(hit, u1))
+            with o.b.at(s.blocks[0]):
+                self.subs[c].atomic(o, kind, v)
+        return old
+
+    def describe(self) -> str:
+        return f"a component of {self.base.describe()}"
+
+
+def dynamic_component_ref(o: Ops, ref: Ref, key) -> Ref:
+    """ref[key] for a vector/matrix-valued ref whose key has GPU-computed indices (all of them given:
+    a scalar component)."""
+    key = key if isinstance(key, tuple) else (key,)
+    shape = ref.shape
+    if len(key) != len(shape):
+        raise CompileError(f"assigning through a GPU-computed index needs one index per dimension of "
+                           f"{ref.describe()} (shape {shape}), got {len(key)}", o.b.loc)
+    for k in key:
+        if not is_static(k) and dtype_of(k).is_float:
+            raise CompileError("a component index must be an integer", o.b.loc)
+    flat = key[0] if len(key) == 1 else o.binary(Op.ADD, o.binary(Op.MUL, key[0], shape[1]), key[1])
+    return DynamicComponentRef(ref.scalar_refs(), o.to_stmt(flat, i32), ref)

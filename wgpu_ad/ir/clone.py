@@ -9,7 +9,7 @@ def clone_kernel(kernel: Kernel, mapping: dict | None = None) -> Kernel:
     m: dict[int, object] = {} if mapping is None else mapping
     tasks = []
     for t in kernel.tasks:
-        nt = Task(t.kind, Block(), Block(), block_dim=t.block_dim, name=t.name)
+        nt = Task(t.kind, Block(), Block(), block_dim=t.block_dim, name=t.name, no_grad=t.no_grad)
         m[id(t)] = nt
         nt.bounds = clone_block(t.bounds, m)
         nt.body = clone_block(t.body, m)

@@ -113,6 +113,9 @@ class Task:
     # block `// replay` up to the last of them and `// reverse` after it (passes remove and
     # hoist statements but never move one past another)
     replay: set | None = None
+    # sources of the buffers a ti.stop_grad(field) inside this task's loop names: as in Taichi,
+    # the gradient stops in this task only (Kernel.no_grad: a ti.stop_grad at the kernel's top level)
+    no_grad: frozenset = frozenset()
 
 
 @dataclass(eq=False)

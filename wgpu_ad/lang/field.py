@@ -24,7 +24,8 @@ class Field(Storage):
         # (ti.root.dense(...).place(x.grad)); it holds data once placed that way, by needs_grad=True
         # or by ti.root.lazy_grad() (then x._grad is it)
         self._grad_handle: Field | None = None
-        self._placed_by_hand = False  # a gradient placed with place(x.grad)
+        self._placed_by_hand = False  # a gradient (dual) placed with place(x.grad) (place(x.dual))
+        self._dual_handle: Field | None = None  # x.dual taken before it had storage, as x.grad
 
     @property
     def grad(self) -> "Field":
@@ -36,9 +37,23 @@ class Field(Storage):
         return super().grad
 
     @property
+    def dual(self) -> "Field":
+        # before placement only: ti.root.dense(...).place(x, x.dual); a placed field without a dual
+        # gets the error naming needs_dual / lazy_dual
+        if self._dual is None and not self.is_grad and not self.is_dual and self.dtype.is_float and (
+                self._shape is None or self._dual_handle is not None):
+            if self._dual_handle is None:
+                d = self._dual_handle = Field(self.dtype, None, self.element_shape)
+                d.is_dual, d.primal = True, self
+            return self._dual_handle
+        return super().dual
+
+    @property
     def shape(self) -> tuple[int, ...]:
         if self.is_grad and self.primal._grad is not self:
             raise WgpuAdError(self.primal._no_grad_message())
+        if self.is_dual and self.primal._dual is not self:
+            raise WgpuAdError(self.primal._no_dual_message())
         if self._shape is None:
             n = (self.primal.name if self.primal is not None else self.name) or "x"
             raise WgpuAdError(f"{self._label()} has no shape yet: give it shape= when creating it, or place "
@@ -50,7 +65,7 @@ class Field(Storage):
         return self._shape is not None
 
     def _place(self, shape: tuple) -> None:
-        if self.is_grad:
+        if self.is_grad or self.is_dual:
             return self._place_grad(shape)
         if self._shape is not None:
             raise WgpuAdError(f"{self._label()} already has shape {self._shape}; a field is placed once "
@@ -60,6 +75,10 @@ class Field(Storage):
         if g is not None and g._shape is not None and g._shape != shape:
             raise WgpuAdError(f"{self._label()} is placed with shape {shape}, but its gradient was placed with "
                               f"shape {g._shape}; a gradient has its field's shape")
+        d = self._dual
+        if d is not None and d._shape is not None and d._shape != shape:
+            raise WgpuAdError(f"{self._label()} is placed with shape {shape}, but its dual was placed with "
+                              f"shape {d._shape}; a dual has its field's shape")
         self._shape = shape
         if g is not None:
             g._shape = shape
@@ -67,19 +86,24 @@ class Field(Storage):
             self._dual._shape = shape
 
     def _place_grad(self, shape: tuple) -> None:
-        """place(x.grad): the gradient gets storage of x's shape, and x has a gradient from now on."""
+        """place(x.grad): the gradient gets storage of x's shape, and x has a gradient from now on
+        (place(x.dual): the same for the dual)."""
         p = self.primal
         p._check_alive()
         n = p.name or "x"
+        what = "dual" if self.is_dual else "grad"
         if self._placed_by_hand:
             raise WgpuAdError(f"{self._label()} is already placed; a field is placed once")
         want = p._shape if p._shape is not None else self._shape
         if want is not None and want != shape:
-            raise WgpuAdError(f"{n}.grad is placed with shape {shape}, but {p._label()} has shape {want}; place "
-                              f"the gradient with its field's shape")
+            raise WgpuAdError(f"{n}.{what} is placed with shape {shape}, but {p._label()} has shape {want}; "
+                              f"place the {'dual' if self.is_dual else 'gradient'} with its field's shape")
         self._shape = shape
         self._placed_by_hand = True
-        p._attach_grad()
+        if self.is_dual:
+            p._attach_dual()
+        else:
+            p._attach_grad()
 
     def _new_grad(self) -> "Field":
         g = self._grad_handle  # x.grad was taken before it had storage: that object becomes it
@@ -99,7 +123,12 @@ class Field(Storage):
                 f"or place {n}.grad with ti.root (ti.root.dense(ti.i, n).place({n}, {n}.grad)) before using it")
 
     def _new_dual(self) -> "Field":
-        return Field(self.dtype, self._shape, self.element_shape)
+        d = self._dual_handle  # x.dual was taken before it had storage: that object becomes it
+        if d is None:
+            return Field(self.dtype, self._shape, self.element_shape)
+        if d._shape is None:
+            d._shape = self._shape
+        return d
 
     def _no_dual_message(self) -> str:
         if self.is_grad or self.is_dual:

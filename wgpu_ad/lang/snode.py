@@ -96,7 +96,7 @@ class SNode:
                 raise WgpuAdError(f"place() takes fields made with ti.field / ti.Vector.field without "
                                   f"shape=, or their gradients (x.grad), got {f!r}")
             f._place(shape)
-            if not f.is_grad:  # a gradient placed by hand (place(x.grad)) is x's, not a field of its own
+            if not (f.is_grad or f.is_dual):  # place(x.grad) / place(x.dual) is x's, not a field of its own
                 root._adopt(f)
         return self
 

@@ -353,6 +353,12 @@ class Storage(ABC):
         """Note a write (see version)."""
         self.version += 1
         self.writer = who
+        if not self.is_grad:
+            from ..ad import state  # (import-free module; lang is imported first)
+            tape = state.current_tape  # (a ti.ad.checkpoint recorder watches through host_guard instead)
+            check = getattr(tape, "host_write", None)
+            if check is not None and tape.recording and not state.in_backward:
+                check(self, who)
 
     def fill(self, value) -> None:
         """Set every element to value (a scalar, or one element's vector / matrix)."""

@@ -113,10 +113,19 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
 
     def checks():
         return NanChecks(kernel.name, origins) if check_nan else None
+    base_of = {id(snap): base for base, snap in bases}
+
+    def task_grads(orig):  # without the fields a ti.stop_grad in this task's loop names
+        if not orig.no_grad:
+            return grads
+        return {i: g for i, g in grads.items()
+                if base_of.get(i, by_id[i]).source not in orig.no_grad}
+    by_id = {id(b): b for b in buffers}
     for t, orig in zip(reversed(k.tasks), reversed(kernel.tasks)):
-        split = split_pair_task(t, orig, flags[id(t)], grads, transpose) if transpose is not None else None
+        tg = task_grads(orig)
+        split = split_pair_task(t, orig, flags[id(t)], tg, transpose) if transpose is not None else None
         effects = fuse and not adjoints  # the last task: its adjoint does the forward's writes too
-        em = AdjointEmitter(k, grads, stack_size, flags[id(t)] if split is None else frozenset(),
+        em = AdjointEmitter(k, tg, stack_size, flags[id(t)] if split is None else frozenset(),
                             skip=split.skip if split is not None else frozenset(),
                             double=split.double if split is not None else frozenset(), effects=effects,
                             nan=checks())
@@ -124,7 +133,7 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
         if effects:
             fused = fused_access(adjoints[-1][0], em.kept)
         if split is not None and split.transposed is not None:
-            adjoints.append((AdjointEmitter(k, grads, stack_size, skip=split.skip_transposed,
+            adjoints.append((AdjointEmitter(k, tg, stack_size, skip=split.skip_transposed,
                                             nan=checks()).task(split.transposed),
                              split.marker, split.loop_dims))
     before = k.tasks[:-1] if fuse else []  # the forward tasks a fused kernel runs first

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...errors import CompileError
+from ...errors import NotDifferentiableError
 from ...ir.nodes import Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
 
@@ -306,7 +306,7 @@ def _injective(w: Stmt, loops: list, ld: dict, around: dict | None = None) -> bo
 
 def _refuse_repeated_write(kernel: Kernel, w: Stmt):
     name = _buf(w).name
-    raise CompileError(
+    raise NotDifferentiableError(
         f"cannot differentiate kernel '{kernel.name}': it stores to field '{name}' ({_line(w)}) inside a loop, "
         f"and the same element may be stored by more than one iteration or thread; only the last value "
         f"survives, so the gradient would be silently wrong. Index the field by every loop variable, or "
@@ -398,7 +398,7 @@ def _buf(s: Stmt):
 
 def _refuse_read_then_write(kernel: Kernel, load: Stmt, write: Stmt):
     name = _buf(load).name
-    raise CompileError(
+    raise NotDifferentiableError(
         f"cannot differentiate kernel '{kernel.name}': it reads field '{name}' ({_line(load)}) and then "
         f"overwrites what it read ({_line(write)}). The gradient kernel replays the forward computation "
         f"with the values after the kernel ran, so the gradient would be silently wrong. Write the result "
@@ -408,7 +408,7 @@ def _refuse_read_then_write(kernel: Kernel, load: Stmt, write: Stmt):
 
 def _refuse_overwrite(kernel: Kernel, w1: Stmt, w2: Stmt):
     name = _buf(w1).name
-    raise CompileError(
+    raise NotDifferentiableError(
         f"cannot differentiate kernel '{kernel.name}': it writes field '{name}' ({_line(w1)}) and writes the "
         f"same elements again ({_line(w2)}); the gradient of the first value would be silently wrong. "
         f"Compute the final value in a local variable and store it once, or accumulate with +=",

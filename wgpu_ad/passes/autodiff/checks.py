@@ -5,13 +5,13 @@ would be silently wrong is never generated.
 """
 from __future__ import annotations
 
-from ...errors import CompileError
+from ...errors import CompileError, NotDifferentiableError
 from ...ir.nodes import Kernel, Stmt, walk
 from ...ir.ops import Op
 
 
 def _fail(kernel: Kernel, s: Stmt, msg: str):
-    raise CompileError(f"cannot differentiate kernel '{kernel.name}': {msg}", s.loc)
+    raise NotDifferentiableError(f"cannot differentiate kernel '{kernel.name}': {msg}", s.loc)
 
 
 def check_differentiable(kernel: Kernel, snapshot_loads: frozenset = frozenset(), checks=None) -> None:

@@ -255,6 +255,7 @@ def dual_kernel(kernel: Kernel, dual_source: Callable[[Buffer], object]) -> Kern
     buffers = list(kernel.buffers)
     by_source = {b.source: b for b in buffers}
     duals: dict[int, Buffer] = {}
+    by_id = {id(b): b for b in kernel.buffers}
     for b in kernel.buffers:
         if b.grad or b.dtype != f32:  # (f16 fields: their values are never active, as in reverse mode)
             continue
@@ -267,7 +268,12 @@ def dual_kernel(kernel: Kernel, dual_source: Callable[[Buffer], object]) -> Kern
             buffers.append(d)
         duals[id(b)] = d
     em = TangentEmitter(kernel, duals)
-    tasks = [em.task(t) for t in kernel.tasks]
+    tasks = []
+    for t in kernel.tasks:  # ti.stop_grad(x): x carries no tangent, in the kernel or in that task
+        stopped = kernel.no_grad | t.no_grad
+        em.duals = {i: d for i, d in duals.items() if by_id[i].source not in stopped} if stopped else duals
+        tasks.append(em.task(t))
+    em.duals = duals
     out = Kernel(kernel.name + "_dual", tasks, list(kernel.args), buffers, kernel.ret, kernel.uses_random,
                  kernel.debug, kernel.loc)
     # analyses read multi-indices through loop_dims, which name the primal's statements (as clones do)
