@@ -98,6 +98,7 @@ class Externals:
         dev = spare.pop() if spare else None
         if dev is None or dev._gen != _generation():
             dev = Ndarray(dt, shape, es, name=name)
+            dev.host_copy = True  # its uploads are the launch's own, not the user's writes
             if needs_grad:
                 dev._attach_grad()
         hid = id(host)

@@ -103,6 +103,9 @@ class Storage(ABC):
         self._gen = _rt.generation()
         self.is_grad = False
         self.is_dual = False
+        # the device copy of a NumPy array / torch tensor argument (lang/external.py): a tape
+        # records the host array, and the backward pass uploads it again
+        self.host_copy = False
         self.primal: Storage | None = None
         _live.add(self)
 
@@ -353,7 +356,7 @@ class Storage(ABC):
         """Note a write (see version)."""
         self.version += 1
         self.writer = who
-        if not self.is_grad:
+        if not self.is_grad and not self.host_copy:
             from ..ad import state  # (import-free module; lang is imported first)
             tape = state.current_tape  # (a ti.ad.checkpoint recorder watches through host_guard instead)
             check = getattr(tape, "host_write", None)
