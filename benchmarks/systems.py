@@ -1,6 +1,8 @@
 """The systems compared, each in its own worker process, driven over a pipe.
 
-A worker holds one system (wgpu_ad, hand-written WGSL on raw wgpu-py, Taichi Vulkan, Taichi CPU)
+A worker holds one system (wgpu_ad, hand-written WGSL on raw wgpu-py, Taichi Vulkan, Taichi CPU;
+and, on request, wgpu_ad-cas: wgpu_ad with float atomics emulated by compare-exchange loops even
+where the adapter has native atomic<f32>, to measure the two paths side by side)
 for the whole run, so the driver can interleave systems within each repetition without
 re-initialising anything (Taichi allows one arch per process). The worker times each run itself,
 with the sync inside the timed region, so the pipe costs nothing that is measured. Its stdout and
@@ -15,7 +17,8 @@ import sys
 import time
 import traceback
 
-ALL_SYSTEMS = ("wgpu_ad", "wgsl", "taichi-vulkan", "taichi-cpu")
+ALL_SYSTEMS = ("wgpu_ad", "wgsl", "taichi-vulkan", "taichi-cpu", "wgpu_ad-cas")
+OPT_IN = ("wgpu_ad-cas",)  # run only when named in --systems
 REPLY_TIMEOUT_S = 600.0
 # A worker waits while the others run. On the 2-vCPU VM these numbers come from, a process that
 # slept for ~0.5 s then runs many short dispatches up to 4x slower (lavapipe: 14 -> 55 us per
@@ -29,7 +32,7 @@ def taichi_available() -> bool:
 
 
 def default_systems() -> list[str]:
-    return [s for s in ALL_SYSTEMS if not s.startswith("taichi") or taichi_available()]
+    return [s for s in ALL_SYSTEMS if s not in OPT_IN and (not s.startswith("taichi") or taichi_available())]
 
 
 # ---- inside the worker process ------------------------------------------------------------------
@@ -40,7 +43,7 @@ class _Env:
     def __init__(self, system: str):
         self.system = system
         self.gpu = None
-        if system == "wgpu_ad":
+        if system in ("wgpu_ad", "wgpu_ad-cas"):
             import wgpu_ad
             self.ti = wgpu_ad
         elif system.startswith("taichi"):
@@ -55,8 +58,8 @@ class _Env:
     def start_case(self) -> str:
         """A clean runtime for the next case; returns a description of the device."""
         ti = self.ti if self.gpu is None else None
-        if self.system == "wgpu_ad":
-            ti.init()
+        if self.system in ("wgpu_ad", "wgpu_ad-cas"):
+            ti.init(force_emulated_atomics=self.system == "wgpu_ad-cas")
             return str(ti.get_runtime())
         if self.system == "wgsl":
             info = self.gpu.adapter.info

@@ -1,5 +1,6 @@
 """The benchmark harness as a smoke test: `python -m benchmarks --quick` runs every workload on
-wgpu_ad and the hand-written WGSL (and on Taichi when it is installed), prints the table, and
+wgpu_ad, wgpu_ad with emulated float atomics and the hand-written WGSL (and on Taichi when it is
+installed), prints the table, and
 wgpu_ad's losses and gradient entries match the float64 NumPy references. No timing assertions."""
 import importlib.util
 import json
@@ -18,7 +19,7 @@ QUICK_WORKLOADS = ("gravity", "cloth", "reduction", "scatter", "launch")
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "quick.json"
-    systems = ["wgpu_ad", "wgsl"]
+    systems = ["wgpu_ad", "wgsl", "wgpu_ad-cas"]  # -cas: float atomics by compare-exchange
     if importlib.util.find_spec("taichi") is not None:
         systems += ["taichi-vulkan", "taichi-cpu"]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -39,7 +40,7 @@ def test_quick_run_prints_the_table(quick_run):
     assert [c["workload"] for c in data["cases"]] == list(QUICK_WORKLOADS)
 
 
-@pytest.mark.parametrize("system", ["wgpu_ad", "wgsl"])
+@pytest.mark.parametrize("system", ["wgpu_ad", "wgsl", "wgpu_ad-cas"])
 def test_results_match_the_float64_reference(quick_run, system):
     _, data, _ = quick_run
     for case in data["cases"]:
