@@ -16,10 +16,10 @@ from typing import Callable
 from ...errors import CompileError
 from ...ir.builder import Builder
 from ...ir.nodes import Block, Buffer, Kernel, Stmt, Task, walk
-from ...ir.ops import AtomicKind, GroupOp, Op
+from ...ir.ops import AtomicKind, Op
 from ...types import f32
 from .demote import index_signature, parallel_keys
-from .rules import JVP, ZERO, Lazy, RuleBuilder
+from .rules import JVP, Lazy, RuleBuilder, active_values
 
 
 # how each op that is not an ALU op (those are rules.JVP or rules.ZERO) is transformed
@@ -93,29 +93,8 @@ class TangentEmitter(RuleBuilder):
         """Activity: f32 values (and mutable locals) that vary with a dual."""
         stmts = list(walk(task.bounds)) + list(walk(task.body))
         self.used = {id(a) for s in stmts for a in s.args}
-        changed = True
-        while changed:
-            changed = False
-            for s in stmts:
-                if id(s) in self.active:
-                    continue
-                act = False
-                if s.op is Op.GLOBAL_LOAD:
-                    act = s.dtype == f32 and id(s.attr) in self.duals
-                elif s.op is Op.ATOMIC:
-                    act = s.dtype == f32 and id(s.attr[1]) in self.duals
-                elif s.op is Op.LOCAL_LOAD:
-                    act = id(s.args[0]) in self.active
-                elif s.op is Op.LOCAL_STORE:
-                    if id(s.args[1]) in self.active and id(s.args[0]) not in self.active:
-                        self.active.add(id(s.args[0]))
-                        changed = True
-                    continue
-                elif s.op in GroupOp.ALU and s.op not in ZERO:
-                    act = s.dtype == f32 and any(id(a) in self.active for a in s.args)
-                if act:
-                    self.active.add(id(s))
-                    changed = True
+        active_values(stmts, lambda s: id(s.attr if s.op is Op.GLOBAL_LOAD else s.attr[1]) in self.duals,
+                      self.active)
 
     # ---- statements ----------------------------------------------------------------------
     def copy(self, s: Stmt, attr=None) -> Stmt:

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from ...ir.builder import Builder
 from ...ir.nodes import Block, Buffer, Kernel, LaunchCapacity, Stmt, Task, walk
-from ...ir.ops import AtomicKind, GroupOp, Op
+from ...ir.ops import AtomicKind, Op
 from ...types import f32, i32, u1
 from ...ir.utils import jumps_to_loop
 from .nancheck import NanChecks
-from .rules import PASS_THROUGH, RULES, ZERO, Lazy, RuleBuilder
+from .rules import PASS_THROUGH, RULES, Lazy, RuleBuilder, active_values
 
 
 class AdjointEmitter(RuleBuilder):
@@ -82,27 +82,8 @@ class AdjointEmitter(RuleBuilder):
     def analyze(self, task: Task) -> None:
         """Activity: f32 values that depend on a load from a buffer with a gradient."""
         stmts = list(walk(task.bounds)) + list(walk(task.body))
-        changed = True
-        while changed:
-            changed = False
-            for s in stmts:
-                if id(s) in self.active:
-                    continue
-                act = False
-                if s.op is Op.GLOBAL_LOAD:
-                    act = s.dtype == f32 and id(s.attr) in self.grads and id(s) not in self.skip
-                elif s.op is Op.LOCAL_LOAD:
-                    act = id(s.args[0]) in self.active
-                elif s.op is Op.LOCAL_STORE:
-                    if id(s.args[1]) in self.active and id(s.args[0]) not in self.active:
-                        self.active.add(id(s.args[0]))
-                        changed = True
-                    continue
-                elif s.op in GroupOp.ALU and s.op not in ZERO:
-                    act = s.dtype == f32 and any(id(a) in self.active for a in s.args)
-                if act:
-                    self.active.add(id(s))
-                    changed = True
+        active_values(stmts, lambda s: s.op is Op.GLOBAL_LOAD and id(s.attr) in self.grads
+                      and id(s) not in self.skip, self.active)
         for s in stmts:
             if s.op in (Op.RANGE_FOR, Op.WHILE):
                 self.carried[id(s)] = _carried(s, self.flags)

@@ -19,6 +19,34 @@ from ...ir.ops import GroupOp, Op
 from ...types import f32
 
 
+def active_values(stmts: list, source, active: set) -> None:
+    """Activity analysis shared by both modes: adds to `active` the ids of the f32 values among
+    `stmts` that depend on a differentiated input, and of the mutable locals that store them, to a
+    fixpoint (a loop's later iterations). source(s): whether a global load or an atomic is such an
+    input (reverse mode: a load of a buffer with a gradient; forward mode: with a dual)."""
+    changed = True
+    while changed:
+        changed = False
+        for s in stmts:
+            if id(s) in active:
+                continue
+            act = False
+            if s.op in (Op.GLOBAL_LOAD, Op.ATOMIC):
+                act = s.dtype == f32 and source(s)
+            elif s.op is Op.LOCAL_LOAD:
+                act = id(s.args[0]) in active
+            elif s.op is Op.LOCAL_STORE:
+                if id(s.args[1]) in active and id(s.args[0]) not in active:
+                    active.add(id(s.args[0]))
+                    changed = True
+                continue
+            elif s.op in GroupOp.ALU and s.op not in ZERO:
+                act = s.dtype == f32 and any(id(a) in active for a in s.args)
+            if act:
+                active.add(id(s))
+                changed = True
+
+
 class Lazy:
     """A factor built only when it is needed (d/dy of x**y): an adjoint the operand needs, a
     tangent that is not zero."""
