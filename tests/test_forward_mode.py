@@ -503,8 +503,19 @@ def test_forward_and_reverse_agree_on_a_physics_kernel():
     k_s[None] = 3.0
     v = [f32(r.uniform(-1, 1, (n, 2))), f32(r.uniform(-1, 1, ()))]
     w = [f32(r.uniform(-1, 1, (n, 2))), f32(r.uniform(-1, 1, ()))]
+    p0, k0 = pos.to_numpy(), k_s.to_numpy()
     jv, jtw = _both_modes(springs, (0.6,), [pos, k_s], [force, energy], v, w)
     assert jv == pytest.approx(jtw, rel=2e-4, abs=1e-5)
+
+    def twin(p, k):  # the kernel in float64 NumPy (normalized() without eps: q / |q|)
+        d = np.roll(p, -1, axis=0) - p
+        ln = np.linalg.norm(d, axis=1, keepdims=True)
+        q = np.roll(p, 1, axis=0) - p
+        f = k * (ln - 0.6) * d / ln - k * q / np.linalg.norm(q, axis=1, keepdims=True) * 0.1
+        return np.append(f.ravel(), np.sum(0.5 * k * (ln - 0.6) ** 2))
+    ref = float(np.dot(jvp_fd(twin, [p0, k0], v), np.append(w[0].ravel(), w[1])))
+    assert jv == pytest.approx(ref, rel=2e-4, abs=1e-5)  # and both against an independent reference
+    assert jtw == pytest.approx(ref, rel=2e-4, abs=1e-5)
 
 
 _UNARY_GEN = [("ti.sin({})", "np.sin({})"), ("ti.cos({})", "np.cos({})"), ("ti.tanh({})", "np.tanh({})"),
