@@ -27,7 +27,8 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import checkpoint, compile_time, forward_mode, report, torch_bridge
-from benchmarks.systems import ALL_SYSTEMS, Worker, WorkerError, default_systems
+from benchmarks.systems import (ALL_SYSTEMS, Worker, WorkerError, WorkerSkip, default_systems, taichi_available,
+                                warp_available)
 from benchmarks.workloads import Case, full_cases, quick_cases
 
 WORKLOADS = ("gravity", "cloth", "reduction", "scatter", "launch", "compile", "torch", "checkpoint", "fwdmode")
@@ -41,7 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help=f"run only these workloads (comma-separated or repeated): {', '.join(WORKLOADS)}")
     ap.add_argument("--systems", metavar="LIST", default=None,
                     help=f"comma-separated subset of {', '.join(ALL_SYSTEMS)} (default: all available; "
-                         f"Taichi when `import taichi` works)")
+                         f"Taichi when `import taichi` works, Warp when `import warp` works)")
     ap.add_argument("--reps", type=int, default=None, help="repetitions per case (default: per case)")
     ap.add_argument("--checkpoint-steps", type=int, default=None, metavar="T",
                     help="time steps of the checkpoint benchmark (default 2000; 40 with --quick)")
@@ -57,6 +58,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         bad = [s for s in args.systems if s not in ALL_SYSTEMS]
         if bad:
             ap.error(f"--systems: unknown system(s) {bad}; expected some of {', '.join(ALL_SYSTEMS)}")
+        if any(s.startswith("taichi") for s in args.systems) and not taichi_available():
+            ap.error("--systems: the Taichi systems need Taichi in this Python: pip install taichi==1.7.4")
+        if "warp-cpu" in args.systems and not warp_available():
+            ap.error("--systems: warp-cpu needs NVIDIA Warp in this Python: pip install warp-lang")
     if args.checkpoint_steps is not None and args.checkpoint_steps < 1:
         ap.error(f"--checkpoint-steps must be at least 1, got {args.checkpoint_steps}")
     if args.reps is not None and args.reps < 1:
@@ -75,13 +80,15 @@ def run_case(case: Case, workers: dict[str, Worker], reps: int) -> dict:
     mod = case.module()
     rec = {"case": case.label, "workload": case.workload, "params": case.params, "unit": mod.UNIT,
            "modes": list(mod.MODES), "loss_name": mod.LOSS, "grad_name": mod.GRAD, "tol": case.tol,
-           "devices": {}, "times": {}, "median": {}, "checks": {}, "errors": {}}
+           "devices": {}, "times": {}, "median": {}, "checks": {}, "errors": {}, "skipped": {}}
     live = []
     for name, w in workers.items():
         try:
             rec["devices"][name] = w.call("setup", case.workload, case.params)
             live.append(name)
             rec["times"][name] = {m: [] for m in mod.MODES}
+        except WorkerSkip as e:
+            rec["skipped"][name] = str(e)
         except WorkerError as e:
             rec["errors"][name] = str(e)
     for _ in range(reps):

@@ -1,7 +1,7 @@
 """The systems compared, each in its own worker process, driven over a pipe.
 
-A worker holds one system (wgpu_ad, hand-written WGSL on raw wgpu-py, Taichi Vulkan, Taichi CPU;
-and, on request, wgpu_ad-cas: wgpu_ad with float atomics emulated by compare-exchange loops even
+A worker holds one system (wgpu_ad, hand-written WGSL on raw wgpu-py, Taichi Vulkan, Taichi CPU,
+NVIDIA Warp on the CPU; and, on request, wgpu_ad-cas: wgpu_ad with float atomics emulated by compare-exchange loops even
 where the adapter has native atomic<f32>, to measure the two paths side by side)
 for the whole run, so the driver can interleave systems within each repetition without
 re-initialising anything (Taichi allows one arch per process). The worker times each run itself,
@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 
-ALL_SYSTEMS = ("wgpu_ad", "wgsl", "taichi-vulkan", "taichi-cpu", "wgpu_ad-cas")
+ALL_SYSTEMS = ("wgpu_ad", "wgsl", "taichi-vulkan", "taichi-cpu", "warp-cpu", "wgpu_ad-cas")
 OPT_IN = ("wgpu_ad-cas",)  # run only when named in --systems
 REPLY_TIMEOUT_S = 600.0
 # A worker waits while the others run. On the 2-vCPU VM these numbers come from, a process that
@@ -31,8 +31,17 @@ def taichi_available() -> bool:
     return importlib.util.find_spec("taichi") is not None
 
 
+def warp_available() -> bool:
+    return importlib.util.find_spec("warp") is not None
+
+
 def default_systems() -> list[str]:
-    return [s for s in ALL_SYSTEMS if s not in OPT_IN and (not s.startswith("taichi") or taichi_available())]
+    return [s for s in ALL_SYSTEMS if s not in OPT_IN and (not s.startswith("taichi") or taichi_available())
+            and (s != "warp-cpu" or warp_available())]
+
+
+class NotWritten(Exception):
+    """The workload has no version for this system (e.g. no Warp program): the case skips it."""
 
 
 # ---- inside the worker process ------------------------------------------------------------------
@@ -52,6 +61,11 @@ class _Env:
         elif system == "wgsl":
             from .rawgpu import RawGpu
             self.gpu = RawGpu()
+        elif system == "warp-cpu":
+            import warp
+            warp.config.quiet = True
+            warp.init()
+            self.ti = warp
         else:
             raise ValueError(f"unknown system {system!r}; expected one of {ALL_SYSTEMS}")
 
@@ -64,6 +78,9 @@ class _Env:
         if self.system == "wgsl":
             info = self.gpu.adapter.info
             return f"raw wgpu-py on {info.get('device', '?')} ({info.get('backend_type', '?')})"
+        if self.system == "warp-cpu":
+            ti.set_device("cpu")
+            return f"warp {ti.__version__} on the CPU (one thread)"
         arch = ti.vulkan if self.system == "taichi-vulkan" else ti.cpu
         ti.init(arch=arch)
         got = ti.lang.impl.current_cfg().arch
@@ -78,6 +95,10 @@ class _Env:
         inp = mod.inputs(params)
         if self.system == "wgsl":
             return mod.build_wgsl(self.gpu, params, inp)
+        if self.system == "warp-cpu":
+            if not hasattr(mod, "build_warp"):
+                raise NotWritten(f"no Warp version of the {workload} workload")
+            return mod.build_warp(self.ti, params, inp)
         return mod.build(self.ti, params, inp)
 
 
@@ -117,6 +138,9 @@ def worker_main(system: str, conn, log_path: str) -> None:
             else:
                 raise ValueError(f"unknown request {msg!r}")
             conn.send(("ok", reply))
+        except NotWritten as e:
+            prog = None
+            conn.send(("skip", str(e)))
         except Exception as e:  # noqa: BLE001  (report it, keep serving: the next case may work)
             prog = None if msg[0] == "setup" else prog
             conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=8)}"))
@@ -126,6 +150,10 @@ def worker_main(system: str, conn, log_path: str) -> None:
 
 class WorkerError(RuntimeError):
     pass
+
+
+class WorkerSkip(WorkerError):
+    """The system has no version of this workload."""
 
 
 class Worker:
@@ -150,6 +178,8 @@ class Worker:
         except (EOFError, BrokenPipeError, ConnectionResetError) as e:
             raise WorkerError(f"{self.system}: the worker process died ({type(e).__name__}, exit code "
                               f"{self.proc.exitcode}); its log ends with:\n{self.log_tail()}") from None
+        if status == "skip":
+            raise WorkerSkip(f"{self.system}: {value}")
         if status != "ok":
             raise WorkerError(f"{self.system}: {value}")
         return value

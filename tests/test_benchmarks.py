@@ -105,3 +105,32 @@ def test_forward_mode_row(quick_run):
     for c in fm["cases"]:
         assert c["rel_err"] <= 1e-3, c
         assert c["ms"]["fwd"] > 0 and c["ms"]["dual"] > 0 and c["ms"]["fwdmode"] > 0
+
+
+def test_best_anchor_is_the_fastest_system_with_a_correct_result():
+    """Issue #18's target compares wgpu_ad with the fastest other system whose loss and gradient
+    passed the float64 check (a fast wrong answer is no anchor; wgpu_ad-cas is wgpu_ad itself)."""
+    from benchmarks import report
+    def check(ok):
+        return {"ok": ok, "loss": 1.0, "loss_rel_err": 0.0, "grad": None, "grad_rel_err": None}
+    rec = {"case": "scatter particles=8 grid=4", "workload": "scatter", "modes": ["fwd"], "unit": "ms",
+           "loss_name": "loss", "grad_name": None, "reference": {"loss": 1.0}, "tol": 1e-3,
+           "median": {"wgpu_ad": {"fwd": 10.0}, "wgsl": {"fwd": 8.0}, "taichi-cpu": {"fwd": 2.0},
+                      "warp-cpu": {"fwd": 5.0}, "wgpu_ad-cas": {"fwd": 1.0}},
+           "checks": {"wgpu_ad": check(True), "wgsl": check(True), "taichi-cpu": check(False),
+                      "warp-cpu": check(True), "wgpu_ad-cas": check(True)},
+           "errors": {}, "skipped": {"taichi-vulkan": "taichi-vulkan: no version"}}
+    assert report._best_anchor(rec, "fwd") == "warp-cpu"
+    row = [r for r in report.targets({"cases": [rec]}) if "best anchor" in r["target"]][0]
+    assert "(warp-cpu)" in row["target"] and row["value"] == pytest.approx(2.0) and row["met"] is False
+    rec["checks"]["warp-cpu"] = check(False)
+    assert report._best_anchor(rec, "fwd") == "wgsl"
+    assert "taichi-vulkan  not run: no version" in report.case_block(rec, ["wgpu_ad", "wgsl", "taichi-vulkan"])
+
+
+def test_naming_a_system_that_is_not_installed_is_a_clear_error(monkeypatch, capsys):
+    from benchmarks import run
+    monkeypatch.setattr(run, "warp_available", lambda: False)
+    with pytest.raises(SystemExit):
+        run.parse_args(["--systems", "wgpu_ad,warp-cpu"])
+    assert "warp-cpu needs NVIDIA Warp in this Python: pip install warp-lang" in capsys.readouterr().err

@@ -1,6 +1,8 @@
 """Cloth: an n x n mass-spring sheet (structural and shear springs to the 8 neighbours, gravity,
 damping, symplectic Euler) for `steps` steps, every step stored (x, v have a time axis), and a
-loss at the end (mean squared distance to a target point); backward through all steps."""
+loss at the end (mean squared distance to a target point); backward through all steps. Written as
+a DiffTaichi user writes it: stored states, `ti.static` offsets, one `@ti.func` per spring with its
+bounds check, one launch per step."""
 
 import math
 from types import SimpleNamespace
@@ -46,18 +48,22 @@ def kernels(ti, p: dict) -> SimpleNamespace:
     def clear():
         loss[None] = 0.0
 
+    @ti.func
+    def spring(t, i2, j2, xi, rest_length):
+        f = ti.Vector([0.0, 0.0, 0.0])
+        if 0 <= i2 < n and 0 <= j2 < n:
+            d = x[t, i2, j2] - xi
+            length = d.norm()
+            f = KS * (length - rest_length) / length * d
+        return f
+
     @ti.kernel
     def step(t: ti.i32):
         for i, j in ti.ndrange(n, n):
             xi = x[t, i, j]
             f = ti.Vector([0.0, -GRAVITY * MASS, 0.0])
             for k in ti.static(range(8)):
-                i2 = i + ti.static(OFFSETS[k][0])
-                j2 = j + ti.static(OFFSETS[k][1])
-                if 0 <= i2 < n and 0 <= j2 < n:
-                    d = x[t, i2, j2] - xi
-                    length = d.norm()
-                    f += KS * (length - ti.static(rest[k])) / length * d
+                f += spring(t, i + ti.static(OFFSETS[k][0]), j + ti.static(OFFSETS[k][1]), xi, ti.static(rest[k]))
             vn = v[t, i, j] * DAMPING + (DT / MASS) * f
             v[t + 1, i, j] = vn
             x[t + 1, i, j] = xi + DT * vn
@@ -157,6 +163,81 @@ def build_wgsl(gpu, p: dict, inp: dict) -> Program:
         fwd_bwd()
         g = gpu.read(gv, count=n * n * 3).reshape(n, n, 3)
         return float(gpu.read(out, count=1)[0]), float(g[c, c, 0])
+
+    return Program({"fwd": fwd, "fwd+bwd": fwd_bwd}, result)
+
+
+def build_warp(wp, p: dict, inp: dict) -> Program:
+    """The same program in NVIDIA Warp as its users write it: states stored per step, one
+    `@wp.func` per spring with its bounds check, one launch per step under a Tape."""
+    n, steps, c = p["n"], p["steps"], p["n"] // 2
+    dx = spacing(n)
+    inv_nn = 1.0 / (n * n)
+    target = wp.vec3(*TARGET)
+
+    @wp.func
+    def spring(x: wp.array3d(dtype=wp.vec3), t: int, i: int, j: int, xi: wp.vec3, rest: float):
+        f = wp.vec3(0.0)
+        if i >= 0 and i < n and j >= 0 and j < n:
+            d = x[t, i, j] - xi
+            length = wp.length(d)
+            f = KS * (length - rest) / length * d
+        return f
+
+    r1, r2 = dx, dx * math.sqrt(2.0)
+
+    @wp.kernel
+    def step(x: wp.array3d(dtype=wp.vec3), v: wp.array3d(dtype=wp.vec3), t: int):
+        i, j = wp.tid()
+        xi = x[t, i, j]
+        f = wp.vec3(0.0, -GRAVITY * MASS, 0.0)
+        f += spring(x, t, i - 1, j - 1, xi, r2)
+        f += spring(x, t, i - 1, j, xi, r1)
+        f += spring(x, t, i - 1, j + 1, xi, r2)
+        f += spring(x, t, i, j - 1, xi, r1)
+        f += spring(x, t, i, j + 1, xi, r1)
+        f += spring(x, t, i + 1, j - 1, xi, r2)
+        f += spring(x, t, i + 1, j, xi, r1)
+        f += spring(x, t, i + 1, j + 1, xi, r2)
+        vn = v[t, i, j] * DAMPING + (DT / MASS) * f
+        v[t + 1, i, j] = vn
+        x[t + 1, i, j] = xi + DT * vn
+
+    @wp.kernel
+    def compute_loss(x: wp.array3d(dtype=wp.vec3), loss: wp.array(dtype=wp.float32)):
+        i, j = wp.tid()
+        d = x[steps, i, j] - target
+        wp.atomic_add(loss, 0, wp.dot(d, d) * inv_nn)
+
+    xs = np.zeros((steps + 1, n, n, 3), np.float32)
+    vs = np.zeros((steps + 1, n, n, 3), np.float32)
+    xs[0], vs[0] = inp["x0"], inp["v0"]
+    x = wp.array(xs, dtype=wp.vec3, requires_grad=True)
+    v = wp.array(vs, dtype=wp.vec3, requires_grad=True)
+    loss = wp.zeros(1, dtype=wp.float32, requires_grad=True)
+
+    def forward():
+        loss.zero_()
+        for t in range(steps):
+            wp.launch(step, dim=(n, n), inputs=[x, v, t])
+        wp.launch(compute_loss, dim=(n, n), inputs=[x, loss])
+
+    def fwd():
+        forward()
+        wp.synchronize()
+
+    def fwd_bwd():
+        x.grad.zero_()  # as ti.ad.Tape clears the gradients it will write
+        v.grad.zero_()
+        tape = wp.Tape()
+        with tape:
+            forward()
+        tape.backward(loss=loss)
+        wp.synchronize()
+
+    def result():
+        fwd_bwd()
+        return float(loss.numpy()[0]), float(v.grad.numpy()[0, c, c, 0])
 
     return Program({"fwd": fwd, "fwd+bwd": fwd_bwd}, result)
 

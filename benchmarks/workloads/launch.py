@@ -57,3 +57,26 @@ def build_wgsl(gpu, p: dict, inp: dict) -> Program:
 
 def reference(p: dict, inp: dict) -> tuple[float, None]:
     return float(p["launches"]), None
+
+
+def build_warp(wp, p: dict, inp: dict) -> Program:
+    count = p["launches"]
+
+    @wp.kernel
+    def tiny(a: wp.array(dtype=wp.float32), s: wp.float32):
+        i = wp.tid()
+        a[i] = a[i] + s
+
+    a = wp.zeros(1, dtype=wp.float32)
+
+    def run():
+        for _ in range(count):
+            wp.launch(tiny, dim=1, inputs=[a, 1.0])
+        wp.synchronize()
+
+    def result():
+        a.zero_()
+        run()
+        return float(a.numpy()[0]), None
+
+    return Program({"launches": run}, result)

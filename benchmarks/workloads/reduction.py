@@ -76,3 +76,36 @@ def build_wgsl(gpu, p: dict, inp: dict) -> Program:
 def reference(p: dict, inp: dict) -> tuple[float, float]:
     x = inp["x"].astype(np.float64)
     return float((x ** 2).sum()), float(2.0 * x[7])
+
+
+def build_warp(wp, p: dict, inp: dict) -> Program:
+    """The same program in NVIDIA Warp (the way its docs differentiate a sum: atomic adds under a Tape)."""
+    n = p["n"]
+
+    @wp.kernel
+    def sum_sq(x: wp.array(dtype=wp.float32), loss: wp.array(dtype=wp.float32)):
+        i = wp.tid()
+        wp.atomic_add(loss, 0, x[i] * x[i])
+
+    x = wp.array(inp["x"], dtype=wp.float32, requires_grad=True)
+    loss = wp.zeros(1, dtype=wp.float32, requires_grad=True)
+
+    def fwd():
+        loss.zero_()
+        wp.launch(sum_sq, dim=n, inputs=[x, loss])
+        wp.synchronize()
+
+    def fwd_bwd():
+        x.grad.zero_()  # as ti.ad.Tape clears the gradients it will write
+        loss.zero_()
+        tape = wp.Tape()
+        with tape:
+            wp.launch(sum_sq, dim=n, inputs=[x, loss])
+        tape.backward(loss=loss)
+        wp.synchronize()
+
+    def result():
+        fwd_bwd()
+        return float(loss.numpy()[0]), float(x.grad.numpy()[7])
+
+    return Program({"fwd": fwd, "fwd+bwd": fwd_bwd}, result)

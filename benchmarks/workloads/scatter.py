@@ -112,6 +112,70 @@ def build_wgsl(gpu, p: dict, inp: dict) -> Program:
     return Program({"fwd": fwd, "fwd+bwd": fwd_bwd}, result)
 
 
+def build_warp(wp, p: dict, inp: dict) -> Program:
+    """The same program in NVIDIA Warp: atomic adds under a Tape, the adjoint a gather (Warp's own)."""
+    n, g = p["particles"], p["grid"]
+    inv_dx = float(g)
+
+    @wp.kernel
+    def p2g(x: wp.array(dtype=wp.vec2), pv: wp.array(dtype=wp.vec2), grid_m: wp.array2d(dtype=wp.float32),
+            grid_mv: wp.array2d(dtype=wp.vec2)):
+        q = wp.tid()
+        X = x[q] * inv_dx
+        bx = int(X[0] - 0.5)
+        by = int(X[1] - 0.5)
+        fx = X - wp.vec2(float(bx), float(by))
+        w0 = 0.5 * wp.cw_mul(wp.vec2(1.5) - fx, wp.vec2(1.5) - fx)
+        w1 = wp.vec2(0.75) - wp.cw_mul(fx - wp.vec2(1.0), fx - wp.vec2(1.0))
+        w2 = 0.5 * wp.cw_mul(fx - wp.vec2(0.5), fx - wp.vec2(0.5))
+        wx = wp.vec3(w0[0], w1[0], w2[0])
+        wy = wp.vec3(w0[1], w1[1], w2[1])
+        mv = P_MASS * pv[q]
+        for i in range(3):
+            for j in range(3):
+                weight = wx[i] * wy[j]
+                wp.atomic_add(grid_m, bx + i, by + j, weight * P_MASS)
+                wp.atomic_add(grid_mv, bx + i, by + j, weight * mv)
+
+    @wp.kernel
+    def compute_loss(grid_m: wp.array2d(dtype=wp.float32), grid_mv: wp.array2d(dtype=wp.vec2),
+                     loss: wp.array(dtype=wp.float32)):
+        i, j = wp.tid()
+        wp.atomic_add(loss, 0, grid_m[i, j] * grid_m[i, j] + wp.dot(grid_mv[i, j], grid_mv[i, j]))
+
+    x = wp.array(inp["x"], dtype=wp.vec2, requires_grad=True)
+    pv = wp.array(inp["v"], dtype=wp.vec2)
+    grid_m = wp.zeros((g, g), dtype=wp.float32, requires_grad=True)
+    grid_mv = wp.zeros((g, g), dtype=wp.vec2, requires_grad=True)
+    loss = wp.zeros(1, dtype=wp.float32, requires_grad=True)
+
+    def forward():
+        loss.zero_()
+        grid_m.zero_()
+        grid_mv.zero_()
+        wp.launch(p2g, dim=n, inputs=[x, pv, grid_m, grid_mv])
+        wp.launch(compute_loss, dim=(g, g), inputs=[grid_m, grid_mv, loss])
+
+    def fwd():
+        forward()
+        wp.synchronize()
+
+    def fwd_bwd():
+        for a in (x, grid_m, grid_mv):  # as ti.ad.Tape clears the gradients it will write
+            a.grad.zero_()
+        tape = wp.Tape()
+        with tape:
+            forward()
+        tape.backward(loss=loss)
+        wp.synchronize()
+
+    def result():
+        fwd_bwd()
+        return float(loss.numpy()[0]), float(x.grad.numpy()[1][0])
+
+    return Program({"fwd": fwd, "fwd+bwd": fwd_bwd}, result)
+
+
 def _weights(fx):
     w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1.0) ** 2, 0.5 * (fx - 0.5) ** 2]
     dw = [fx - 1.5, 2.0 * (1.0 - fx), fx - 0.5]
