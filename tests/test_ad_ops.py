@@ -582,7 +582,7 @@ def test_accumulated_loss_with_contended_gradients(init):
     ref = np.array([0.5 * np.sum((w64 * np.cos(xi * w64))[np.arange(n) % k == j]) for j in range(k)])
     assert_grad(x.grad.to_numpy(), ref, what="contended x.grad")
     wgsl = accumulate.get_wgsl(grad=True)
-    emulated = "atomicCompareExchangeWeak" in wgsl
+    emulated = "let old = bitcast<f32>(seen);" in wgsl   # shaders/atomics.wgsl cas_f32 (assert.wgsl has a CAS too)
     assert emulated == (not ti.get_runtime().has_float_atomics), "float atomics took the wrong path"
     if init:
         assert emulated
