@@ -13,7 +13,9 @@ Kernels are parallel loops over range(n), a field, or pairs `ti.ndrange(n, n)`, 
 reductions `s = 0.0; for i in ...: s += ...`. Their bodies mix locals, vector locals, serial loops
 with mutable locals (constant, field-read or static trip counts; `while`; `break` / `continue` on
 data), if/else on data, helper calls, and writes: stores to fresh temporaries, in-place updates
-`x[i] = f(x[i])` (also in serial loops), and `+=` into any field the kernel does not read.
+`x[i] = f(x[i])` (also in serial loops), and `+=` into any field the kernel does not read; stencil
+reads of fields the kernel does not write at the parallel index plus a constant offset under a
+bounds check (`if 0 <= i + 1 < n: ... a[i + 1]`), whose adjoints are scatters or gathers.
 
 Why it is race-free: a store writes element [i] of the iteration's own index in a 1-D loop, and the
 kernel reads that field only at [i]; a field a kernel accumulates into with += is not read by it.
@@ -312,6 +314,8 @@ class Generator:
             self.serial_loop(sc, depth, targets, nest)
         elif r < 0.72 and nest < 2:
             self.if_else(sc, depth, targets, nest)
+        elif r < 0.82:
+            self.neighbour_read(sc, depth)
         elif targets:
             self.write(sc, depth, targets)
 
@@ -349,6 +353,37 @@ class Generator:
                 self.emit(depth + 1, f"{name}[i] = 0.5 * {name}[i] + {self.expr(inner, 2)}")
         self.body(inner, depth + 1, targets, nest + 1, int(self.rng.integers(0, 3)))
         sc.scalars.append(acc)
+
+    def neighbour_read(self, sc: _Scope, depth: int) -> None:
+        """A stencil read: a field the kernel does not write, at the parallel index plus a constant
+        offset, under a bounds check (two-sided, one-sided, or with a condition on data added), as
+        `x[t, i + di, j + dj]` in a simulation step (a read-only field: no race whatever the index)."""
+        opts = [(name, kind) for name, kind in self.kinds.items()
+                if self.readable(name) and name not in self.k.stored and kind in ("s", "v", "m")]
+        if not opts:
+            return
+        name, kind = self.pick(opts)
+        self.k.reads.add(name)
+        dims = [sc.idx[0]] if kind != "m" else [sc.idx[0], sc.idx[-1] if len(sc.idx) > 1 else None]
+        subs, guards = [], []
+        for ix in dims:
+            if ix is None:   # the second index of m in a 1-D loop: any valid index
+                subs.append(self.index(sc))
+                continue
+            c = int(self.pick([-2, -1, 1, 2]))
+            e = f"{ix} + {c}" if c > 0 else f"{ix} - {-c}"
+            subs.append(e)
+            guards.append(self.pick([f"0 <= {e} < {self.n}", f"{e} < {self.n}" if c > 0 else f"{e} >= 0",
+                                     f"{e} >= 0 and {e} < {self.n}" if c < 0 else f"{ix} < {self.n - c}"]))
+        if self.chance(0.25):
+            guards.append(self.cond(sc))
+        read = f"{name}[{', '.join(subs)}]" + (self.pick(["[0]", "[1]", ".x", ".y"]) if kind == "v" else "")
+        r = self.fresh("r")
+        self.emit(depth, f"{r} = {self.expr(sc, 1)}")
+        self.emit(depth, f"if {' and '.join(guards)}:")
+        self.emit(depth + 1, f"{r} = {r} * 0.5 + {self.pick(['ti.sin', 'ti.tanh', ''])}({read}) * "
+                             f"{self.expr(sc, 1)}")
+        sc.scalars.append(r)
 
     def if_else(self, sc: _Scope, depth: int, targets, nest: int) -> None:
         r = self.fresh("r")

@@ -56,12 +56,12 @@ def _fuzz_cmp(a, op, b):
 class _Comparisons(ast.NodeTransformer):
     def visit_Compare(self, node):
         self.generic_visit(node)
-        if len(node.ops) != 1:
-            raise ValueError("fuzz shim: chained comparisons are not generated")
-        op = type(node.ops[0]).__name__
-        call = ast.Call(ast.Name("_fuzz_cmp", ast.Load()),
-                        [node.left, ast.Constant(op), node.comparators[0]], [])
-        return ast.copy_location(call, node)
+        # a chained comparison (`0 <= i - 1 < n`) as `and` of its pairs (the generated operands are pure)
+        lefts = [node.left] + node.comparators[:-1]
+        calls = [ast.Call(ast.Name("_fuzz_cmp", ast.Load()), [left, ast.Constant(type(op).__name__), right], [])
+                 for left, op, right in zip(lefts, node.ops, node.comparators)]
+        out = calls[0] if len(calls) == 1 else ast.BoolOp(ast.And(), calls)
+        return ast.copy_location(out, node)
 
 
 def run_module(source: str, filename: str = "<fuzz>") -> dict:
