@@ -3,6 +3,8 @@ indices depend on the data are not refused; their forward launch checks on the G
 gradient may be asked for, that no element is stored twice, read and then overwritten, or stored
 by one iteration and read by another. Gradients against float64 NumPy central differences and
 analytic derivatives; failures name the kernel, the field, the element and the line."""
+import weakref
+
 import numpy as np
 import pytest
 
@@ -428,3 +430,31 @@ def test_ndarray_scatter_with_grad_by_hand():
     p.from_numpy(np.array([4, 2, 0, 2, 3], np.int32))
     with pytest.raises(ti.ad.DataAccessError, match=r"^kernel 'scat': y\[2\] was stored twice by the same launch"):
         scat(x, p, y)
+
+
+def test_the_checked_launch_record_names_the_storages_not_their_addresses():
+    """kernel.grad() trusts a forward launch's check only for the very storages it ran with: the
+    record keeps weak references beside the ids, so a storage allocated later at a freed one's
+    address (CPython reuses addresses) is not taken for it."""
+    import gc
+    n = 5
+
+    @ti.kernel
+    def scat(x: ti.types.ndarray(), p: ti.types.ndarray(), y: ti.types.ndarray()):
+        for i in range(n):
+            y[p[i]] = x[i] * x[i]
+
+    x = ti.ndarray(ti.f32, n, needs_grad=True)
+    y = ti.ndarray(ti.f32, n, needs_grad=True)
+    p = ti.ndarray(ti.i32, n)
+    p.from_numpy(np.array([4, 2, 0, 1, 3], np.int32))
+    scat(x, p, y)
+    (lc,) = scat._cache.values()
+    key = scat._run_key(lc, (x, p, y))
+    assert scat._was_checked(key)
+    impostor = ti.ndarray(ti.i32, n)   # stands for a new array at p's address: same ids, other referent
+    fake = (key[0], tuple(weakref.ref(impostor) if r() is p else r for r in key[1]))
+    assert not scat._was_checked(fake)
+    del p
+    gc.collect()
+    assert not scat._was_checked(key)   # the record's p is gone: no storage can match it

@@ -294,17 +294,27 @@ class Kernel:
 
     def _run_key(self, lc, args, external: bool = False) -> tuple:
         """What names a launch for kernel.grad(): the forward Launcher and the storages it reads and
-        writes (host arrays get fresh device copies per launch: only the Launcher for them)."""
+        writes (host arrays get fresh device copies per launch: only the Launcher for them), as
+        ids with weak references beside them: a storage made later at a freed one's address is
+        another key (_was_checked compares the referents)."""
         if external:
-            return (id(lc),)
-        return (id(lc), *(id(get(args)) for get in lc.loads + lc.writes))
+            return (id(lc),), ()
+        sts = [get(args) for get in lc.loads + lc.writes]
+        return (id(lc), *map(id, sts)), tuple(weakref.ref(st) for st in sts)
+
+    def _set_checked(self, key: tuple, checked: bool) -> None:
+        self._checked_runs[key[0]] = (checked, key[1])
+
+    def _was_checked(self, key: tuple) -> bool:
+        seen = self._checked_runs.get(key[0])
+        return bool(seen and seen[0] and all(a() is not None and a() is b() for a, b in zip(seen[1], key[1])))
 
     def _launch(self, lc, run, args, scratch: tuple, rt, key: tuple):
         """Launch `run` (lc, whose plan has shadowed sources, or its checked variant) with fresh
         zeroed shadow buffers when checked; remember whether a launch with this key was checked
         (_require_checked)."""
         if run is lc:
-            self._checked_runs[key] = False
+            self._set_checked(key, False)
             return launch(lc, args + scratch, rt)
         self._keep.drop_dead()
         shadows = []
@@ -314,18 +324,18 @@ class Kernel:
             arr = spare.pop() if spare else Ndarray(to_dtype("u32"), (n,), name=f"{get(args).name or 'field'}_accesses")
             arr.fill(0)
             shadows.append(arr)
-        self._checked_runs[key] = False
+        self._set_checked(key, False)
         try:
             ret = launch(run, args + scratch + tuple(shadows), rt)
         finally:  # a later clear is recorded after the launch: the buffers may serve the next one
             for arr in shadows:
                 self._keep.shadow_spare.setdefault(arr.n_scalars, []).append(arr)
-        self._checked_runs[key] = True
+        self._set_checked(key, True)
         return ret
 
     def _require_checked(self, lc, args, external: bool = False) -> None:
         """kernel.grad(): refuse unless the latest forward launch with these storages was checked."""
-        if lc.plan.shadowed and not self._checked_runs.get(self._run_key(lc, args, external)):
+        if lc.plan.shadowed and not self._was_checked(self._run_key(lc, args, external)):
             raise WgpuAdError(
                 f"{self.__name__}.grad(): kernel '{self.__name__}' indexes a field by values the compiler "
                 f"cannot prove safe for reverse mode (read from a field, or a counter stepped conditionally), "
