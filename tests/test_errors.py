@@ -229,3 +229,38 @@ def test_one_ndarray_read_and_written_through_two_arguments():
     with pytest.raises(ti.KernelArgError, match="arguments 'src' and 'dst' are the same ndarray"):
         with ti.ad.Tape(loss=loss):
             double(a, a)  # raised at the call, not when the tape would launch it
+
+
+def test_constant_division_by_zero_and_math_domain_errors_name_the_line():
+    """Two Python values are folded when the kernel compiles: 1.0 / 0.0 or ti.log(0.0) there is a
+    compile error at its line, not Python's ZeroDivisionError from inside the compiler."""
+    x = ti.field(ti.f32, shape=2)
+
+    @ti.kernel
+    def div():
+        for i in range(1):
+            x[0] = 1.0 / 0.0
+
+    msg = _compile_error(div)
+    assert msg.splitlines()[0] == ("division by zero in a compile-time constant expression (1.0 / 0.0): both "
+                                   "operands are Python values, evaluated when the kernel is compiled; a float "
+                                   "infinity is float('inf') or math.inf")
+    assert ", in div" in msg and msg.splitlines()[-2].strip() == "x[0] = 1.0 / 0.0"
+
+    @ti.kernel
+    def log0():
+        for i in range(1):
+            x[1] = ti.log(0.0)
+
+    msg = _compile_error(log0)
+    assert msg.splitlines()[0] == ("ti.log(0.0) of a compile-time constant failed in Python (math domain error): "
+                                   "its argument is a Python value, evaluated when the kernel is compiled")
+
+    @ti.kernel
+    def inf():   # the spelling the message suggests works
+        for i in range(1):
+            x[0] = float("inf")
+            x[1] = -float("inf")
+
+    inf()
+    assert list(x.to_numpy()) == [float("inf"), -float("inf")]

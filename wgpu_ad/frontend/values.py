@@ -97,6 +97,7 @@ _PY_BINARY = {
     Op.MIN: min, Op.MAX: max, Op.ATAN2: math.atan2,
     Op.AND: lambda a, b: bool(a) and bool(b), Op.OR: lambda a, b: bool(a) or bool(b),
 }
+_SYMBOL = {Op.DIV: "/", Op.FLOORDIV: "//", Op.MOD: "%"}
 _PY_UNARY = {
     Op.NEG: operator.neg, Op.ABS: abs, Op.NOT: operator.not_, Op.BIT_NOT: operator.invert,
     Op.SIN: math.sin, Op.COS: math.cos, Op.TAN: math.tan, Op.ASIN: math.asin, Op.ACOS: math.acos,
@@ -156,7 +157,12 @@ class Ops:
         if isinstance(x, Mat):
             return Mat([self.unary(op, e) for e in x.entries], x.shape)
         if is_static(x):
-            return _PY_UNARY[op](x)
+            try:
+                return _PY_UNARY[op](x)
+            except (ValueError, OverflowError) as e:   # math.log(0.0), math.sqrt(-1.0), math.exp(1e3)
+                raise CompileError(f"ti.{op.name.lower()}({x!r}) of a compile-time constant failed in Python "
+                                   f"({e}): its argument is a Python value, evaluated when the kernel is "
+                                   f"compiled", self.b.loc) from None
         if op is Op.NOT:
             return self.b.emit(Op.NOT, [self.truth(x)])
         if op in _FLOAT_UNARY and not x.dtype.is_float:
@@ -169,9 +175,14 @@ class Ops:
         if isinstance(a, Mat) or isinstance(b, Mat):
             return self._elementwise(op, a, b)
         if is_static(a) and is_static(b):
-            if op is Op.DIV and isinstance(a, int) and isinstance(b, int):
-                return a / b
-            return _PY_BINARY[op](a, b)
+            try:
+                if op is Op.DIV and isinstance(a, int) and isinstance(b, int):
+                    return a / b
+                return _PY_BINARY[op](a, b)
+            except ZeroDivisionError:
+                raise CompileError(f"division by zero in a compile-time constant expression ({a!r} {_SYMBOL.get(op, op.name)} "
+                                   f"{b!r}): both operands are Python values, evaluated when the kernel is "
+                                   f"compiled; a float infinity is float('inf') or math.inf", self.b.loc) from None
         da, db = dtype_of(a), dtype_of(b)
         if op in (Op.AND, Op.OR):
             return self.b.emit(op, [self.to_stmt(self.truth(a), u1), self.to_stmt(self.truth(b), u1)])
