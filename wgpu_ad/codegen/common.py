@@ -57,6 +57,9 @@ class Options:
     # check that every loop ran to its end (Mesa llvmpipe silently stops an invocation's loops after
     # 65,535 iterations in total): a loop that exits any other way sets the error buffer's loop word
     loop_check: bool = False
+    # the most workgroups of a range task that pre-reduces into one address (passes/prereduce.py):
+    # each thread sums many iterations in a register, each workgroup adds a tree sum and an atomic
+    reduce_grid_cap: int | None = None
 
 
 @dataclass
