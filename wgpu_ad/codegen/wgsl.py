@@ -239,6 +239,8 @@ class TaskEmitter:
             self.line(d, f"{self.ref(s.args[0])} = {self.ref(s.args[1])};")
         elif op is Op.GLOBAL_LOAD:
             self.let(s, self.load_at(s, d), d)
+        elif op is Op.GLOBAL_STORE and id(s.attr) in self.quads:  # the loop index's element
+            self.line(d, f"{self.quad_element(s)} = {self.ref(s.args[1])};")
         elif op is Op.GLOBAL_STORE:
             self.line(d, self.store_stmt(s.attr, self.index(s.args[0], d), self.ref(s.args[1])))
         elif op is Op.ATOMIC:
@@ -426,11 +428,8 @@ class TaskEmitter:
     def load_at(self, s: Stmt, d: int) -> str:
         """The expression of global load s."""
         buf = s.attr
-        if id(buf) in self.quads:  # the loop index's element (vectors.py quad_views)
-            if self.quad_lane is not None:
-                return f"{self.quads[id(buf)]}.{'xyzw'[self.quad_lane]}"
-            at = f"u32({self.ref(s.args[0])})"
-            return f"{self.buf_name[id(buf)]}[{at} / 4u][{at} % 4u]"
+        if id(buf) in self.quads:
+            return self.quad_element(s)
         c = self.buf_view.get(id(buf))
         if c is None:
             return self.load_expr(buf, self.index(s.args[0], d))
@@ -442,6 +441,14 @@ class TaskEmitter:
             self.line(d, f"let {name} = {self.buf_name[id(buf)]}[{e if isinstance(e, int) else self.ref(e)}];")
             self.vector_lets[-1][key] = name
         return f"{name}.{'xyzw'[k]}"
+
+    def quad_element(self, s: Stmt) -> str:
+        """The element a load or store of a vec4-viewed buffer names (its loop index's): a component
+        of the step's vec4, or, in the last iterations, of the buffer's vec4 (quad_loop)."""
+        if self.quad_lane is not None:
+            return f"{self.quads[id(s.attr)]}.{'xyzw'[self.quad_lane]}"
+        at = f"u32({self.ref(s.args[0])})"
+        return f"{self.buf_name[id(s.attr)]}[{at} / 4u][{at} % 4u]"
 
     def load_expr(self, buf: Buffer, idx: str) -> str:
         b, mode = self.buf_name[id(buf)], self.buf_mode[id(buf)]
@@ -511,9 +518,8 @@ class TaskEmitter:
                          and hi.op is Op.CONST and int(hi.attr) - int(lo.attr) <= self.grid_cap * wg
                          and not jumps_to_loop(t.body, Op.CONTINUE))
         part = "forward" if t.replay is None else "adjoint"
-        quads = [] if self.one_pass else quad_views(
-            t, self.kernel.buffers, {k: u.addresses for k, u in self.uses.items()}, self.buf_mode,
-            {k for k, u in self.uses.items() if u.stores or u.atomics}, wg)
+        quads = [] if self.one_pass else [
+            (b, w) for b, w in quad_views(t, self.kernel.buffers, self.buf_mode, wg) if id(b) not in self.buf_view]
         if quads:
             self.quad_loop(quads, part)
         else:
@@ -568,18 +574,25 @@ class TaskEmitter:
         self.loop_flags.pop()
 
     def _index_read(self, body: Block) -> bool:
-        """Whether the task's loop index feeds anything but the loads of its vec4-read buffers."""
+        """Whether the task's loop index feeds anything but the addresses of its vec4 buffers."""
         t = self.task
-        return any(a.op is Op.LOOP_INDEX and a.attr is t for s in walk(body) for a in s.args
-                   if not (s.op is Op.GLOBAL_LOAD and id(s.attr) in self.quads))
+        for s in walk(body):
+            quad = s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE) and id(s.attr) in self.quads
+            if any(a.op is Op.LOOP_INDEX and a.attr is t for a in (s.args[1:] if quad else s.args)):
+                return True
+        return False
 
-    def quad_loop(self, quads: list[Buffer], part: str) -> None:
+    def quad_loop(self, quads: list[tuple], part: str) -> None:
         """Four consecutive iterations per step of the grid-stride loop, each buffer of `quads`
-        read once per step as a vec4 (vectors.py quad_views), then the last range_count % 4
-        iterations, one per thread, reading those buffers' scalars through the vec4 view."""
+        read (and written) once per step as a vec4 (vectors.py quad_views), then the last
+        range_count % 4 iterations, one per thread, using those buffers' scalars through the
+        vec4 view."""
         t = self.task
-        names = ", ".join(self.buf_name[id(b)] for b in quads)
-        self.line(1, f"// {part}: four iterations per step, reading {names} as vec4")
+        reads = [self.buf_name[id(b)] for b, w in quads if not w]
+        writes = [self.buf_name[id(b)] for b, w in quads if w]
+        what = " and ".join(x for x in (f"reading {', '.join(reads)}" if reads else "",
+                                         f"writing {', '.join(writes)}" if writes else "") if x)
+        self.line(1, f"// {part}: four iterations per step, {what} as vec4")
         self.line(1, "let quad_count = range_count / 4u;")
         stride = "quad += min(num_threads, quad_count - quad)"
         if self.opts.loop_check:
@@ -588,17 +601,26 @@ class TaskEmitter:
             self.line(2, "if quad >= quad_count { break; }")
         else:
             self.line(1, f"for (var quad = thread_id; quad < quad_count; {stride}) {{")
-        base = int(t.begin.attr) // 4
-        for b in quads:
-            name = self.names.fresh(f"{b.name}_v")
+        at = f"quad + {int(t.begin.attr) // 4}u" if int(t.begin.attr) else "quad"
+        for b, written in quads:
+            name = self.names.fresh(f"{b.name.replace('.', '_')}_v")
             self.quads[id(b)] = name
-            self.line(2, f"let {name} = {self.buf_name[id(b)]}[quad{f' + {base}u' if base else ''}];")
+            elem = f"{self.buf_name[id(b)]}[{at}]"
+            if not written:
+                self.line(2, f"let {name} = {elem};")
+            elif self.uses[id(b)].loads:  # read before its store in each iteration
+                self.line(2, f"var {name} = {elem};")
+            else:
+                self.line(2, f"var {name}: vec4<{b.dtype.wgsl}>;")
         for lane in range(4):
             self.quad_lane = lane
             self.line(2, "{")
             self.iteration(f"4u * quad + {lane}u" if lane else "4u * quad", 3)
             self.line(2, "}")
         self.quad_lane = None
+        for b, written in quads:
+            if written:
+                self.line(2, f"{self.buf_name[id(b)]}[{at}] = {self.quads[id(b)]};")
         if self.opts.loop_check:
             self.line(2, f"continuing {{ {stride}; }}")
             self.line(1, "}")
