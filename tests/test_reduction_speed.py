@@ -232,3 +232,33 @@ def test_reduce_grid_cap_must_be_a_positive_integer():
     ti.init()
     with pytest.raises(ti.WgpuAdError, match=r"reduce_grid_cap=0: expected a positive integer"):
         ti.set_compile_options(reduce_grid_cap=0)
+
+
+def test_a_two_dimensional_sum_reads_its_field_as_vec4():
+    """`for i, j in g` runs over the flattened index k, and g[i, j]'s address (k // n) * n +
+    (k - (k // n) * n) simplifies to k (passes/simplify.py), so the sum reads g as vec4; the
+    vector field beside it keeps its vec2 view. 37 x 29 = 1073 elements: a tail of one."""
+    ti.init()
+    ti.set_compile_options(reduce_grid_cap=1)
+    g = ti.field(ti.f32, shape=(37, 29), needs_grad=True)
+    m = ti.Vector.field(2, ti.f32, shape=(37, 29), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def energy():
+        for i, j in g:
+            loss[None] += g[i, j] ** 2 * (i + 1) + m[i, j].dot(m[i, j])
+
+    g0 = _x(37 * 29, seed=12).reshape(37, 29)
+    m0 = _x(37 * 29 * 2, seed=13).reshape(37, 29, 2)
+    g.from_numpy(g0)
+    m.from_numpy(m0)
+    with ti.ad.Tape(loss=loss):
+        energy()
+    gs, ms = _f64(g0), _f64(m0)
+    rows = np.arange(1, 38, dtype=np.float64)[:, None]
+    assert loss[None] == pytest.approx(float((gs ** 2 * rows).sum() + (ms ** 2).sum()), rel=1e-5)
+    assert_grad(g.grad.to_numpy(), 2 * gs * rows, rtol=1e-5)
+    assert_grad(m.grad.to_numpy(), 2 * ms, rtol=1e-5)
+    wgsl = energy.get_wgsl()
+    assert _quads(wgsl, "g") and "> m: array<vec2<f32>>" in wgsl
