@@ -7,6 +7,7 @@ integer targets, stores beside the sum, and the fused tape tail as well as kerne
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -68,7 +69,7 @@ def test_the_grid_is_capped_from_the_device(monkeypatch):
     ti.init()
     opts = ti.compile_options()
     rt = ti.get_runtime()
-    expected = 16 * (__import__("os").cpu_count() or 1) if rt.is_cpu else min(2048, rt.max_workgroups)
+    expected = 16 * (os.cpu_count() or 1) if rt.is_cpu else min(2048, rt.max_workgroups)
     assert opts.reduce_grid_cap == expected
     cap = min(opts.reduce_grid_cap, opts.grid_cap)
     n = cap * WG * 2 + 7
@@ -135,7 +136,8 @@ def test_ranges_that_start_elsewhere(begin):
 
 def test_several_sums_vector_and_integer_targets_and_a_store():
     """One task adds into a vector, an integer count and a float, reads an i32 field at the loop
-    index and stores a second field: every value against NumPy."""
+    index and stores a second field: every value against NumPy. (The user's `quad` must not hide
+    the step's counter of the same name.)"""
     ti.init()
     ti.set_compile_options(reduce_grid_cap=1)
     n = 2051
@@ -149,12 +151,12 @@ def test_several_sums_vector_and_integer_targets_and_a_store():
     @ti.kernel
     def stats():
         for i in x:
-            v = x[i]
-            moments[None] += ti.Vector([v, v * v])
-            if v > 0:
+            quad = x[i]
+            moments[None] += ti.Vector([quad, quad * quad])
+            if quad > 0:
                 positives[None] += 1
-            weighted[None] += v * k[i]
-            y[i] = 2.0 * v + k[i]
+            weighted[None] += quad * k[i]
+            y[i] = 2.0 * quad + k[i]
 
     x0 = _x(n, seed=7)
     k0 = np.random.default_rng(8).integers(-5, 6, n).astype(np.int32)

@@ -32,7 +32,7 @@ STACK_VAR = "ad_stacks"  # the runtime's scratch buffer for autodiff stacks
 PRINT_VAR = "print_words"  # the runtime's print buffer (shaders/print.wgsl)
 RNG_NAMES = ("rng_state", "rng_permute", "rng_hash", "rng_seed", "rand_u32", "rand_f32")
 MAIN_LOCALS = ("wg_id", "n_wg", "lid", "thread_id", "num_threads", "range_begin", "range_end",
-               "range_count", "iter")
+               "range_count", "iter", "quad", "quad_count")
 
 
 @lru_cache(maxsize=1)
