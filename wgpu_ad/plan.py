@@ -220,12 +220,14 @@ class TaskPlan:
     the launch uses a fixed grid and the shader grid-strides). stack: autodiff stack words per
     thread, as (constant, positions of the words whose values add to it). one_pass: the shader
     runs one iteration per thread, so the launch must cover the range with threads (codegen only
-    sets it where grid_cap workgroups always do)."""
+    sets it where grid_cap workgroups always do). grid_cap: the most workgroups of this task when
+    fewer than the plan's (a task that pre-reduces into one address), else None."""
     serial: bool
     range: "tuple | None" = None
     workgroup_size: int = 1
     stack: tuple = (0, ())
     one_pass: bool = False
+    grid_cap: "int | None" = None
 
 
 @dataclass(frozen=True)

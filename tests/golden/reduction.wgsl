@@ -2,7 +2,7 @@
 
 // wgpu_ad kernel reduction, task 0 (range): reduction_t0
 
-@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read_write> loss: array<atomic<u32>>;  // f32 bits, atomics emulated by compare-exchange
 var<workgroup> partial_sums0: array<f32, 128>;
 
@@ -33,14 +33,48 @@ fn main(@builtin(workgroup_id) wg_id: vec3<u32>, @builtin(num_workgroups) n_wg: 
     let range_begin = 0i;
     let range_end = 8i;
     let range_count = select(0u, u32(range_end - range_begin), range_end > range_begin);
-    // forward
-    for (var iter = thread_id; iter < range_count; iter += min(num_threads, range_count - iter)) {
+    // forward: four iterations per step, reading x as vec4
+    let quad_count = range_count / 4u;
+    for (var quad = thread_id; quad < quad_count; quad += min(num_threads, quad_count - quad)) {
+        let x_v = x[quad];
+        {
+            let x_1 = x_v.x;
+            let sq = x_1 * x_1;
+            let v0 = loss_partial;
+            let v1 = v0 + sq;
+            loss_partial = v1;
+        }
+        {
+            let x_2 = x_v.y;
+            let sq_1 = x_2 * x_2;
+            let v2 = loss_partial;
+            let v3 = v2 + sq_1;
+            loss_partial = v3;
+        }
+        {
+            let x_3 = x_v.z;
+            let sq_2 = x_3 * x_3;
+            let v4 = loss_partial;
+            let v5 = v4 + sq_2;
+            loss_partial = v5;
+        }
+        {
+            let x_4 = x_v.w;
+            let sq_3 = x_4 * x_4;
+            let v6 = loss_partial;
+            let v7 = v6 + sq_3;
+            loss_partial = v7;
+        }
+    }
+    // the last range_count % 4 iterations
+    let iter = quad_count * 4u + thread_id;
+    if iter < range_count {
         let i = range_begin + i32(iter);
-        let x_1 = x[i];
-        let sq = x_1 * x_1;
-        let v0 = loss_partial;
-        let v1 = v0 + sq;
-        loss_partial = v1;
+        let x_5 = x[u32(i) / 4u][u32(i) % 4u];
+        let sq_4 = x_5 * x_5;
+        let v8 = loss_partial;
+        let v9 = v8 + sq_4;
+        loss_partial = v9;
     }
     // epilogue: one atomic per workgroup
     let loss_partial_1 = loss_partial;
@@ -52,10 +86,10 @@ fn main(@builtin(workgroup_id) wg_id: vec3<u32>, @builtin(num_workgroups) n_wg: 
         }
         workgroupBarrier();
     }
-    let v2 = partial_sums0[0];
-    let v3 = lid == 0u;
-    if v3 {
-        atomic_add_loss(0i, v2);
+    let v10 = partial_sums0[0];
+    let v11 = lid == 0u;
+    if v11 {
+        atomic_add_loss(0i, v10);
     }
 }
 

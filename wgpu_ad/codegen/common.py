@@ -32,7 +32,7 @@ STACK_VAR = "ad_stacks"  # the runtime's scratch buffer for autodiff stacks
 PRINT_VAR = "print_words"  # the runtime's print buffer (shaders/print.wgsl)
 RNG_NAMES = ("rng_state", "rng_permute", "rng_hash", "rng_seed", "rand_u32", "rand_f32")
 MAIN_LOCALS = ("wg_id", "n_wg", "lid", "thread_id", "num_threads", "range_begin", "range_end",
-               "range_count", "iter")
+               "range_count", "iter", "quad", "quad_count")
 
 
 @lru_cache(maxsize=1)
@@ -57,6 +57,9 @@ class Options:
     # check that every loop ran to its end (Mesa llvmpipe silently stops an invocation's loops after
     # 65,535 iterations in total): a loop that exits any other way sets the error buffer's loop word
     loop_check: bool = False
+    # the most workgroups of a range task that pre-reduces into one address (passes/prereduce.py):
+    # each thread sums many iterations in a register, each workgroup adds a tree sum and an atomic
+    reduce_grid_cap: int | None = None
 
 
 @dataclass

@@ -56,7 +56,8 @@ def _print_codes(kernel: Kernel) -> tuple[dict[int, int], tuple]:
 
 
 def generate(kernel: Kernel, *, float_atomics: bool, debug: bool, workgroup_size: int = 128,
-             subgroups: bool = False, grid_cap: int | None = None, loop_check: bool = False) -> CompiledKernel:
+             subgroups: bool = False, grid_cap: int | None = None, loop_check: bool = False,
+             reduce_grid_cap: int | None = None) -> CompiledKernel:
     """Compile every task of an IR kernel to a WGSL module; returns the runtime's plain data.
 
     float_atomics: use WGSL atomic<f32> add/sub (the device must have 'shader-float32-atomic');
@@ -68,8 +69,10 @@ def generate(kernel: Kernel, *, float_atomics: bool, debug: bool, workgroup_size
     grid_cap: the most workgroups the launcher gives a range task (Runtime.grid_cap): constant
     ranges it always covers get one iteration per thread instead of a grid-stride loop.
     loop_check: every loop checks that it ran to its end (Mesa llvmpipe stops loops early).
+    reduce_grid_cap: the most workgroups of a range task that pre-reduces into one address
+    (passes/prereduce.py), below grid_cap: each thread then sums many iterations in a register.
     """
-    opts = Options(float_atomics, debug, workgroup_size, subgroups, grid_cap, loop_check)
+    opts = Options(float_atomics, debug, workgroup_size, subgroups, grid_cap, loop_check, reduce_grid_cap)
     stack_words(kernel)  # stacks sized at launch read their capacity from the uniform block
     codes, table, kinds = _assert_codes(kernel, debug)
     print_codes, prints = _print_codes(kernel)
@@ -80,7 +83,7 @@ def generate(kernel: Kernel, *, float_atomics: bool, debug: bool, workgroup_size
         checked |= em.checks_loops
         tasks.append(CompiledTask(name=task.name or f"{kernel.name}_t{k}", wgsl=wgsl, entry_point="main",
                                   workgroup_size=em.wg, bindings=bindings, serial=em.serial))
-        plans.append(task_plan(task, em.serial, em.wg, em.stack_caps, em.one_pass))
+        plans.append(task_plan(task, em.serial, em.wg, em.stack_caps, em.one_pass, em.task_cap))
     launch_plan = plan.LaunchPlan(words=words_of(kernel), buffers=tuple(b.source for b in kernel.buffers),
                                   tasks=tuple(plans), grid_cap=grid_cap or DEFAULT_GRID_CAP, prints=prints)
     return CompiledKernel(name=kernel.name, tasks=tasks, arg_words=arg_words(kernel), plan=launch_plan,

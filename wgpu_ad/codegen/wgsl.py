@@ -15,12 +15,12 @@ from ..ir.utils import jumps_to_loop
 from ..runtime.compiled import ERROR_WORDS, LOOP_LIMIT_WORD, BindingSpec
 from .. import shaders
 from ..types import DType, f16, f32, i32, u1, u32
-from .common import (ARGS_STRUCT, ARGS_VAR, ATOMIC_FN, CAS_COMBINE, ERR_VAR, INDENT, PRINT_VAR, RET_VAR, STACK_VAR,
-                     SUBGROUP_KINDS, BufferUse, Options, _arg_words, _fail, _fixed_names, _thread_uniform,
+from .common import (ARGS_STRUCT, ARGS_VAR, ATOMIC_FN, CAS_COMBINE, DEFAULT_GRID_CAP, ERR_VAR, INDENT, PRINT_VAR,
+                     RET_VAR, STACK_VAR, SUBGROUP_KINDS, BufferUse, Options, _arg_words, _fail, _fixed_names, _thread_uniform,
                      kept_assert)
 from .names import Namer, identifiers
 from .ops_table import ALU, MATH_HELPERS, convert, from_bits, literal, spell, to_bits, word_dtype, zero
-from .vectors import element_component, unused_addresses, vector_hint, vector_views
+from .vectors import element_component, quad_views, unused_addresses, vector_hint, vector_views
 
 class TaskEmitter:
     """Writes the WGSL module of one task."""
@@ -48,6 +48,13 @@ class TaskEmitter:
         self.checks_loops = False      # some loop here is checked (binds the error buffer)
         self.wg_sums: list[Stmt] = []  # workgroup sums of the epilogue (shared memory arrays)
         self._scan()
+        # the most workgroups the launcher gives this task (None: unknown). A task that pre-reduces
+        # gets fewer (task_cap): its threads then sum more iterations each in a register, and every
+        # workgroup costs a tree sum, barriers and an atomic
+        self.grid_cap, self.task_cap = opts.grid_cap, None
+        if self.wg_sums and opts.reduce_grid_cap is not None and not self.serial:
+            self.task_cap = min(opts.grid_cap or DEFAULT_GRID_CAP, opts.reduce_grid_cap)
+            self.grid_cap = self.task_cap
         self.mod_names = Namer(_fixed_names())
         self.buf_name = {id(b): self.mod_names.fresh(b.name, "buf")
                          for b in kernel.buffers if id(b) in self.uses}
@@ -57,6 +64,8 @@ class TaskEmitter:
                                      self.buf_mode)
         self.unused = unused_addresses(task, self.buf_view)  # ids of ALU stmts written as no `let`
         self.vector_lets: list[dict] = []
+        self.quads: dict[int, str] = {}   # id(buffer) read as vec4 four iterations at a time -> the vec4's name
+        self.quad_lane: int | None = None  # which of the four iterations is being written, in a quad step
         self.arg_member = self._arg_members()
         # one compare-exchange helper per (buffer, kind) of emulated float atomics
         self.cas_helpers: dict[tuple[int, AtomicKind], str] = {}
@@ -230,6 +239,8 @@ class TaskEmitter:
             self.line(d, f"{self.ref(s.args[0])} = {self.ref(s.args[1])};")
         elif op is Op.GLOBAL_LOAD:
             self.let(s, self.load_at(s, d), d)
+        elif op is Op.GLOBAL_STORE and id(s.attr) in self.quads:  # the loop index's element
+            self.line(d, f"{self.quad_element(s)} = {self.ref(s.args[1])};")
         elif op is Op.GLOBAL_STORE:
             self.line(d, self.store_stmt(s.attr, self.index(s.args[0], d), self.ref(s.args[1])))
         elif op is Op.ATOMIC:
@@ -417,6 +428,8 @@ class TaskEmitter:
     def load_at(self, s: Stmt, d: int) -> str:
         """The expression of global load s."""
         buf = s.attr
+        if id(buf) in self.quads:
+            return self.quad_element(s)
         c = self.buf_view.get(id(buf))
         if c is None:
             return self.load_expr(buf, self.index(s.args[0], d))
@@ -428,6 +441,14 @@ class TaskEmitter:
             self.line(d, f"let {name} = {self.buf_name[id(buf)]}[{e if isinstance(e, int) else self.ref(e)}];")
             self.vector_lets[-1][key] = name
         return f"{name}.{'xyzw'[k]}"
+
+    def quad_element(self, s: Stmt) -> str:
+        """The element a load or store of a vec4-viewed buffer names (its loop index's): a component
+        of the step's vec4, or, in the last iterations, of the buffer's vec4 (quad_loop)."""
+        if self.quad_lane is not None:
+            return f"{self.quads[id(s.attr)]}.{'xyzw'[self.quad_lane]}"
+        at = f"u32({self.ref(s.args[0])})"
+        return f"{self.buf_name[id(s.attr)]}[{at} / 4u][{at} % 4u]"
 
     def load_expr(self, buf: Buffer, idx: str) -> str:
         b, mode = self.buf_name[id(buf)], self.buf_mode[id(buf)]
@@ -493,10 +514,25 @@ class TaskEmitter:
         # it, capped at grid_cap workgroups; stacks can shrink the grid) needs no grid-stride
         # loop: on llvmpipe that loop costs a third of a stencil kernel's time
         lo, hi = t.begin, t.end
-        self.one_pass = (self.opts.grid_cap is not None and not self.stacks and lo.op is Op.CONST
-                         and hi.op is Op.CONST and int(hi.attr) - int(lo.attr) <= self.opts.grid_cap * wg
+        self.one_pass = (self.grid_cap is not None and not self.stacks and lo.op is Op.CONST
+                         and hi.op is Op.CONST and int(hi.attr) - int(lo.attr) <= self.grid_cap * wg
                          and not jumps_to_loop(t.body, Op.CONTINUE))
         part = "forward" if t.replay is None else "adjoint"
+        quads = [] if self.one_pass else [
+            (b, w) for b, w in quad_views(t, self.kernel.buffers, self.buf_mode, wg) if id(b) not in self.buf_view]
+        if quads:
+            self.quad_loop(quads, part)
+        else:
+            self.iteration_loop(part)
+        if t.epilogue.stmts:
+            self.line(1, "// epilogue: one atomic per workgroup")
+            self.block(t.epilogue, 1)
+        self.line(0, "}")
+        return self.lines
+
+    def iteration_loop(self, part: str) -> None:
+        """The task's iterations: one per thread, or a grid-stride loop."""
+        t = self.task
         stride = "iter += min(num_threads, range_count - iter)"
         if self.one_pass:
             self.line(1, f"// {part}: one iteration per thread (the launch covers the range)")
@@ -510,15 +546,7 @@ class TaskEmitter:
         else:
             self.line(1, f"// {part}")
             self.line(1, f"for (var iter = thread_id; iter < range_count; {stride}) {{")
-        self.loop_flags.append(None)  # no break leaves the parallel loop
-        hint = next((x.name for x in walk(t.body) if x.op is Op.LOOP_INDEX and x.attr is t and x.name), None)
-        var = self.names.fresh(hint or "i")
-        self.loop_var[id(t)] = var
-        self.line(2, f"let {var} = range_begin + i32(iter);")
-        if self.uses_random:
-            self.line(2, f"rng_seed({self.seed_expr()}, u32({var}), {2 * self.task_index + 1}u);")
-        self.block(t.body, 2, body=True)
-        self.loop_flags.pop()
+        self.iteration("iter", 2)
         if self.opts.loop_check and not self.one_pass:
             self.line(2, f"continuing {{ {stride}; }}")
             self.line(1, "}")
@@ -527,11 +555,85 @@ class TaskEmitter:
             self.checks_loops = True
         else:
             self.line(1, "}")
-        if t.epilogue.stmts:
-            self.line(1, "// epilogue: one atomic per workgroup")
-            self.block(t.epilogue, 1)
-        self.line(0, "}")
-        return self.lines
+
+    def iteration(self, offset: str, d: int) -> None:
+        """One iteration of the task's body: the one at range_begin + offset (a u32 expression)."""
+        t = self.task
+        self.loop_flags.append(None)  # no break leaves the parallel loop
+        hint = next((x.name for x in walk(t.body) if x.op is Op.LOOP_INDEX and x.attr is t and x.name), None)
+        value = f"range_begin + i32({offset})"
+        if self.quad_lane is not None and not self._index_read(t.body):
+            self.loop_var[id(t)] = f"({value})"  # only the vec4 loads read it: no `let`
+        else:
+            var = self.names.fresh(hint or "i")
+            self.loop_var[id(t)] = var
+            self.line(d, f"let {var} = {value};")
+        if self.uses_random:
+            self.line(d, f"rng_seed({self.seed_expr()}, u32({var}), {2 * self.task_index + 1}u);")
+        self.block(t.body, d, body=True)
+        self.loop_flags.pop()
+
+    def _index_read(self, body: Block) -> bool:
+        """Whether the task's loop index feeds anything but the addresses of its vec4 buffers."""
+        t = self.task
+        for s in walk(body):
+            quad = s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE) and id(s.attr) in self.quads
+            if any(a.op is Op.LOOP_INDEX and a.attr is t for a in (s.args[1:] if quad else s.args)):
+                return True
+        return False
+
+    def quad_loop(self, quads: list[tuple], part: str) -> None:
+        """Four consecutive iterations per step of the grid-stride loop, each buffer of `quads`
+        read (and written) once per step as a vec4 (vectors.py quad_views), then the last
+        range_count % 4 iterations, one per thread, using those buffers' scalars through the
+        vec4 view."""
+        t = self.task
+        reads = [self.buf_name[id(b)] for b, w in quads if not w]
+        writes = [self.buf_name[id(b)] for b, w in quads if w]
+        what = " and ".join(x for x in (f"reading {', '.join(reads)}" if reads else "",
+                                         f"writing {', '.join(writes)}" if writes else "") if x)
+        self.line(1, f"// {part}: four iterations per step, {what} as vec4")
+        self.line(1, "let quad_count = range_count / 4u;")
+        stride = "quad += min(num_threads, quad_count - quad)"
+        if self.opts.loop_check:
+            self.line(1, "var quad = thread_id;")
+            self.line(1, "loop {")
+            self.line(2, "if quad >= quad_count { break; }")
+        else:
+            self.line(1, f"for (var quad = thread_id; quad < quad_count; {stride}) {{")
+        at = f"quad + {int(t.begin.attr) // 4}u" if int(t.begin.attr) else "quad"
+        for b, written in quads:
+            name = self.names.fresh(f"{b.name.replace('.', '_')}_v")
+            self.quads[id(b)] = name
+            elem = f"{self.buf_name[id(b)]}[{at}]"
+            if not written:
+                self.line(2, f"let {name} = {elem};")
+            elif self.uses[id(b)].loads:  # read before its store in each iteration
+                self.line(2, f"var {name} = {elem};")
+            else:
+                self.line(2, f"var {name}: vec4<{b.dtype.wgsl}>;")
+        for lane in range(4):
+            self.quad_lane = lane
+            self.line(2, "{")
+            self.iteration(f"4u * quad + {lane}u" if lane else "4u * quad", 3)
+            self.line(2, "}")
+        self.quad_lane = None
+        for b, written in quads:
+            if written:
+                self.line(2, f"{self.buf_name[id(b)]}[{at}] = {self.quads[id(b)]};")
+        if self.opts.loop_check:
+            self.line(2, f"continuing {{ {stride}; }}")
+            self.line(1, "}")
+            self.line(1, f"if quad < quad_count {{ atomicMax(&{ERR_VAR}[{LOOP_LIMIT_WORD}], 1u); }}  "
+                         f"// stopped by the driver")
+            self.checks_loops = True
+        else:
+            self.line(1, "}")
+        self.line(1, "// the last range_count % 4 iterations")
+        self.line(1, "let iter = quad_count * 4u + thread_id;")
+        self.line(1, "if iter < range_count {")
+        self.iteration("iter", 2)
+        self.line(1, "}")
 
     def seed_expr(self) -> str:
         seed = next((a for a in self.kernel.args if isinstance(a.role, plan.Seed)), None)
@@ -571,6 +673,8 @@ class TaskEmitter:
             elem = {"plain": buf.dtype.wgsl, "atomic": f"atomic<{buf.dtype.wgsl}>", "cas": "atomic<u32>"}[mode]
             if id(buf) in self.buf_view:
                 elem = f"vec{self.buf_view[id(buf)]}<{elem}>"
+            elif id(buf) in self.quads:
+                elem = f"vec4<{elem}>"
             read_only = mode == "plain" and use.stores == 0
             access = "read" if read_only else "read_write"
             note = "  // f32 bits, atomics emulated by compare-exchange" if mode == "cas" else ""

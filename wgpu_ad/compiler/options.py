@@ -15,6 +15,10 @@ from ..errors import WgpuAdError
 from ..runtime.device import on_reset
 
 DEFAULT_STACK_SIZE = 256  # loops bounded by constants or arguments are sized exactly or per launch
+# workgroups of a pre-reduced task on a GPU (WebGPU does not tell the number of multiprocessors):
+# 2048 of 128 threads fill a 132-SM GPU at 2048 resident threads per SM
+REDUCE_GPU_GROUPS = 2048
+REDUCE_GROUPS_PER_CORE = 16
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,11 @@ class CompileOptions:
     # adapter every workgroup costs setup and barrier rounds, and a few hundred keep all cores
     # busy (benchmarks/RESULTS.md: 4-13x faster there); GPUs get the full grid
     grid_cap: int = 65535
+    # the most workgroups of a range task that pre-reduces `x[None] += ...` (passes/prereduce.py):
+    # its threads sum many iterations each in a register, and every workgroup adds a tree sum and
+    # an atomic, so it gets just enough workgroups to fill the device: 16 per core of a CPU adapter
+    # (lavapipe runs one workgroup per core at a time), REDUCE_GPU_GROUPS on a GPU
+    reduce_grid_cap: int = REDUCE_GPU_GROUPS
     ad_stack_size: int = DEFAULT_STACK_SIZE  # stack depth of loops whose trip count is unknown
     # every loop checks that it ran to its end: Mesa llvmpipe (lavapipe) silently stops the loops of
     # an invocation after 65,535 iterations in total; the error is raised at the next read-back
@@ -57,7 +66,7 @@ class CompileOptions:
     def key(self) -> tuple:
         """What decides the compiler's output (printing and the cache folder do not)."""
         return (self.debug, self.float_atomics, self.subgroups, self.min_parallel, self.grid_cap,
-                self.ad_stack_size, self.loop_check, self.check_nan)
+                self.reduce_grid_cap, self.ad_stack_size, self.loop_check, self.check_nan)
 
 
 def _env(name: str) -> bool:
@@ -69,6 +78,8 @@ def for_device(rt, **user) -> CompileOptions:
     base = CompileOptions(debug=rt.debug, check_nan=rt.debug, float_atomics=rt.has_float_atomics, subgroups=rt.has_subgroups,
                           min_parallel=max(1024, 256 * (os.cpu_count() or 1)) if rt.is_cpu else None,
                           grid_cap=256 if rt.is_cpu else rt.max_workgroups,
+                          reduce_grid_cap=(REDUCE_GROUPS_PER_CORE * (os.cpu_count() or 1) if rt.is_cpu
+                                           else min(REDUCE_GPU_GROUPS, rt.max_workgroups)),
                           loop_check="llvmpipe" in str(rt.adapter.info.get("device", "")).lower())
     return dataclasses.replace(base, **user)
 
@@ -101,9 +112,10 @@ def set_options(**changes) -> CompileOptions:
     stack = changes.get("ad_stack_size", 1)
     if not (isinstance(stack, int) and not isinstance(stack, bool) and stack >= 1):
         raise WgpuAdError(f"ad_stack_size={stack!r}: expected a positive integer")
-    cap = changes.get("grid_cap", 1)
-    if not (isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1):
-        raise WgpuAdError(f"grid_cap={cap!r}: expected a positive integer")
+    for knob in ("grid_cap", "reduce_grid_cap"):
+        cap = changes.get(knob, 1)
+        if not (isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1):
+            raise WgpuAdError(f"{knob}={cap!r}: expected a positive integer")
     _user.update(changes)
     _current.clear()
     return current()

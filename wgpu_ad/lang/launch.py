@@ -319,15 +319,16 @@ def launch(lc: Launcher, args, rt):
             wg = 1
         else:
             bound = lc.bounds[ti]
+            cap = p.grid_cap if tp.grid_cap is None else min(p.grid_cap, tp.grid_cap)
             if bound is None:
-                wg = min(DYNAMIC_WORKGROUPS, p.grid_cap)
+                wg = min(DYNAMIC_WORKGROUPS, cap)
             else:
                 if vals is None:
                     vals = lc.pack.unpack(packed)
                 n = bound(vals)
                 if n <= 0:
                     continue
-                wg = min(-(-n // tp.workgroup_size), p.grid_cap)
+                wg = min(-(-n // tp.workgroup_size), cap)
             if const:  # every thread needs its own stack slice: bound the grid
                 per_wg = const * 4 * tp.workgroup_size
                 wg = max(1, min(wg, rt.max_scratch_bytes // per_wg))

@@ -8,7 +8,7 @@ Identities are applied only where they are exact for every input, NaN, inf and -
   floats: x * 1.0, 1.0 * x, x / 1.0, x - 0.0, x + (-0.0), -(-x)  ->  x
           (NOT x + 0.0: -0.0 + 0.0 is +0.0; NOT x * 0.0: NaN and inf; NOT x - x)
   ints:   x + 0, x - 0, x * 1, x / 1, x // 1, x | 0, x ^ 0, x & -1, x << 0, x >> 0, x | x, x & x
-          -> x;  x * 0, x & 0, x % 1, x - x, x ^ x -> 0;  x == x etc. -> constant
+          -> x;  x + (y - x), (y - x) + x -> y;  x * 0, x & 0, x % 1, x - x, x ^ x -> 0;  x == x etc. -> constant
   bools:  x and True, x or False, x and x, x or x, not not x -> x;  x and False -> False, ...
   select with a constant condition or equal branches; cast to the operand's own type.
 An IF with a constant condition is replaced by the statements of the taken block (BREAK and
@@ -116,6 +116,11 @@ def _all_ones(s: Stmt) -> bool:
 
 def _add(s, a, b):
     if _is_int(s):
+        # x + (y - x) -> y (wrapping arithmetic): a flattened (i, j) loop's i * n + (k - i * n)
+        if b.op is Op.SUB and b.args[1] is a and b.args[0].dtype == s.dtype:
+            return b.args[0]
+        if a.op is Op.SUB and a.args[1] is b and a.args[0].dtype == s.dtype:
+            return a.args[0]
         return b if _c(a, 0) else a if _c(b, 0) else None
     return b if _c(a, -0.0) else a if _c(b, -0.0) else None
 

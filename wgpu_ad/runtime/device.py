@@ -104,8 +104,9 @@ class Runtime:
     # ---- buffers ------------------------------------------------------------------------------
 
     def create_storage(self, nbytes: int, label: str = "") -> wgpu.GPUBuffer:
-        """A zero-initialised storage buffer (sizes rounded up to 4 bytes, at least 16)."""
-        size = max(16, (int(nbytes) + 3) // 4 * 4)
+        """A zero-initialised storage buffer, its size rounded up to 16 bytes (at least 16): a
+        shader may read any buffer as an array of vec4 (codegen/vectors.py)."""
+        size = max(16, (int(nbytes) + 15) // 16 * 16)
         limit = self.limits["max-buffer-size"]
         if size > limit:
             raise GpuError(f"buffer '{label}' needs {size} bytes; this adapter's max-buffer-size is {limit}")
