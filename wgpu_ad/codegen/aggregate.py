@@ -36,6 +36,10 @@ particles, 27 float adds each into a 128^2 grid), on raw-WGSL variants of its p2
   ms). llvmpipe scalarises every lane's memory access, atomic or not (a racy non-atomic `+=` took
   71-80 ms, more than the native atomic), so no scheme that touches memory per lane beats the
   native add there.
+
+Not measured here (no GPU on this machine): native adds of a sorted scatter on a GPU, where the
+adds of a whole warp to one node serialise in the L2's atomic unit and MPM codes sum per warp
+first (rule 3 could then depend on the adapter: the runtime knows a CPU one, `Runtime.is_cpu`).
 """
 from __future__ import annotations
 
