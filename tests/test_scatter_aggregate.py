@@ -197,8 +197,9 @@ def test_many_threads_on_one_element_mixed_subgroups_and_early_exits(emulated):
 
 def test_where_the_subgroup_helper_is_used():
     """codegen/aggregate.py: emulated float adds and subs whose old value is unused go through the
-    subgroup helper whatever their element; native float adds into thread-dependent elements,
-    int adds, and adds whose old value is read keep the plain atomic."""
+    subgroup helper unless their element is provably different in every thread (q, 2q + 1);
+    native float adds into thread-dependent elements, int adds, and adds whose old value is read
+    keep the plain atomic."""
     init(True)
     if not ti.get_runtime().has_subgroups:
         pytest.skip("adapter lacks subgroup operations")
@@ -206,6 +207,7 @@ def test_where_the_subgroup_helper_is_used():
     x, v, grid_m, grid_mv, loss, p2g, energy = build_p2g(n)
     cnt = ti.field(ti.i32, shape=G)
     old = ti.field(ti.f32, shape=n)
+    own = ti.field(ti.f32, shape=2 * n + 1)
 
     @ti.kernel
     def mixed():
@@ -213,13 +215,21 @@ def test_where_the_subgroup_helper_is_used():
             c = ti.cast(x[q][0] * G, ti.i32)
             cnt[c] += 1
             old[q] = ti.atomic_add(grid_m[c, 0], 1.0)
+            own[q] += 1.0
+            own[2 * q + 1] -= 2.0
 
     wgsl = p2g.get_wgsl()
     assert wgsl.count("subgroup_add_grid_m(") == 1 + 9       # the helper and 9 nodes
     assert wgsl.count("subgroup_sub_grid_mv(") == 1 + 18     # 9 nodes x 2 components
     assert "atomicCompareExchangeWeak" in wgsl
     text = mixed.get_wgsl()
-    assert "subgroup" not in text          # an int add, and a float add whose old value is read
+    assert "subgroup" not in text
+    assert text.count("atomic_add_own(") == 2 and text.count("atomic_sub_own(") == 2  # helper and call
+    mixed()
+    q = np.arange(n)
+    np.testing.assert_array_equal(own.to_numpy(), np.bincount(q, minlength=2 * n + 1)
+                                  - 2 * np.bincount(2 * q + 1, minlength=2 * n + 1))
+    np.testing.assert_array_equal(np.sort(old.to_numpy()), np.arange(n))   # x = 0: all on grid_m[0, 0]
 
     ti.init(force_emulated_atomics=False)
     if not ti.get_runtime().has_float_atomics:

@@ -8,7 +8,9 @@ with subgroup operations:
 1. the element is the same in every thread (common._thread_uniform: a constant, an argument, the
    j of a pair sum's inner loop): aggregated, whatever the atomic;
 2. the buffer's float atomics are compare-exchange loops (no `shader-float32-atomic`, or
-   `ti.init(force_emulated_atomics=True)`): aggregated, whatever the element;
+   `ti.init(force_emulated_atomics=True)`): aggregated, unless the element is provably different
+   in every thread (the parallel loop's index i, or a*i + b with a a nonzero constant and b the
+   same in every thread: no two lanes could ever agree, so the check would be pure cost);
 3. otherwise (a native atomic<f32>, i32 or u32 add into a thread-dependent element): not.
 
 Why, measured on lavapipe (llvmpipe: a workgroup runs as 8-wide SIMD lanes on one CPU thread,
@@ -58,7 +60,26 @@ def subgroup_atomics(task: Task, buf_mode: dict[int, str], used: set[int]) -> li
     for s in walk(task.body):
         if s.op is not Op.ATOMIC or s.attr[0] not in SUBGROUP_KINDS or id(s) in used:
             continue
-        buf = s.attr[1]
-        if buf.dtype in (f32, i32, u32) and (id(s.args[0]) in uniform or buf_mode.get(id(buf)) == "cas"):
+        buf, idx = s.attr[1], s.args[0]
+        if buf.dtype not in (f32, i32, u32):
+            continue
+        if id(idx) in uniform or buf_mode.get(id(buf)) == "cas" and not _distinct(idx, task, uniform):
             out.append(s)
     return out
+
+
+def _distinct(s: Stmt, task: Task, uniform: set[int]) -> bool:
+    """s differs between any two threads at the same point: the task's own loop index i, or
+    i + b, b + i, i - b, b - i, i * a, a * i of such a value, with b the same in every thread and
+    a a nonzero constant (wrap-around would need indices beyond any buffer). False when unsure."""
+    if s.op is Op.LOOP_INDEX:
+        return s.attr is task
+    if s.op in (Op.ADD, Op.SUB) and len(s.args) == 2:
+        a, b = s.args
+        return (_distinct(a, task, uniform) and id(b) in uniform
+                or id(a) in uniform and _distinct(b, task, uniform))
+    if s.op is Op.MUL and len(s.args) == 2:
+        a, b = s.args
+        return (_distinct(a, task, uniform) and b.op is Op.CONST and b.attr != 0
+                or a.op is Op.CONST and a.attr != 0 and _distinct(b, task, uniform))
+    return False
