@@ -197,7 +197,8 @@ def test_many_threads_on_one_element_mixed_subgroups_and_early_exits(emulated):
 
 def test_where_the_subgroup_helper_is_used():
     """codegen/aggregate.py: emulated float adds and subs whose old value is unused go through the
-    subgroup helper unless their element is provably different in every thread (q, 2q + 1);
+    subgroup helper unless their element is provably different in every thread (q, 2q + 1,
+    [i + 1, j - 1], [j, i]);
     native float adds into thread-dependent elements, int adds, and adds whose old value is read
     keep the plain atomic."""
     init(True)
@@ -230,6 +231,24 @@ def test_where_the_subgroup_helper_is_used():
     np.testing.assert_array_equal(own.to_numpy(), np.bincount(q, minlength=2 * n + 1)
                                   - 2 * np.bincount(2 * q + 1, minlength=2 * n + 1))
     np.testing.assert_array_equal(np.sort(old.to_numpy()), np.arange(n))   # x = 0: all on grid_m[0, 0]
+
+    @ti.kernel
+    def stencil():
+        for i, j in ti.ndrange((1, G - 1), (1, G - 1)):
+            grid_m[i + 1, j - 1] += 1.0       # one element per thread: i and j each alone
+            grid_m[j, i] -= 2.0
+            grid_m[i, 0] += 4.0               # shared along j: the subgroup helper
+    grid_m.fill(0.0)
+    stencil()
+    text = stencil.get_wgsl()
+    assert text.count("subgroup_add_grid_m(") == 2 and text.count("atomic_sub_grid_m(") == 2
+    ref = np.zeros((G, G))
+    for i in range(1, G - 1):
+        for j in range(1, G - 1):
+            ref[i + 1, j - 1] += 1.0
+            ref[j, i] -= 2.0
+            ref[i, 0] += 4.0
+    np.testing.assert_array_equal(grid_m.to_numpy(), ref)
 
     ti.init(force_emulated_atomics=False)
     if not ti.get_runtime().has_float_atomics:

@@ -10,7 +10,9 @@ with subgroup operations:
 2. the buffer's float atomics are compare-exchange loops (no `shader-float32-atomic`, or
    `ti.init(force_emulated_atomics=True)`): aggregated, unless the element is provably different
    in every thread (the parallel loop's index i, or a*i + b with a a nonzero constant and b the
-   same in every thread: no two lanes could ever agree, so the check would be pure cost);
+   same in every thread; for a multi-dimensional loop, each of its indices so in a dimension of
+   the field's index of its own, as in a stencil's x.grad[i + 1, j - 1] += ...: no two lanes
+   could ever agree, so the check would be pure cost);
 3. otherwise (a native atomic<f32>, i32 or u32 add into a thread-dependent element): not.
 
 Why, measured on lavapipe (llvmpipe: a workgroup runs as 8-wide SIMD lanes on one CPU thread,
@@ -45,13 +47,14 @@ first (rule 3 could then depend on the adapter: the runtime knows a CPU one, `Ru
 """
 from __future__ import annotations
 
-from ..ir.nodes import Stmt, Task, walk
+from ..ir.nodes import Kernel, Stmt, Task, walk
 from ..ir.ops import Op
 from ..types import f32, i32, u32
 from .common import SUBGROUP_KINDS, _thread_uniform
+from .ops_table import ALU
 
 
-def subgroup_atomics(task: Task, buf_mode: dict[int, str], used: set[int]) -> list[Stmt]:
+def subgroup_atomics(kernel: Kernel, task: Task, buf_mode: dict[int, str], used: set[int]) -> list[Stmt]:
     """The ATOMIC statements of a range task's body that go through the subgroup helper; buf_mode:
     id(buffer) -> 'plain' | 'atomic' | 'cas' (common.BufferUse.mode); used: ids of the statements
     whose value something reads. (The epilogue's atomics are one per workgroup already.)"""
@@ -63,23 +66,47 @@ def subgroup_atomics(task: Task, buf_mode: dict[int, str], used: set[int]) -> li
         buf, idx = s.attr[1], s.args[0]
         if buf.dtype not in (f32, i32, u32):
             continue
-        if id(idx) in uniform or buf_mode.get(id(buf)) == "cas" and not _distinct(idx, task, uniform):
+        if id(idx) in uniform or buf_mode.get(id(buf)) == "cas" and not _one_per_thread(s, kernel, task):
             out.append(s)
     return out
 
 
-def _distinct(s: Stmt, task: Task, uniform: set[int]) -> bool:
-    """s differs between any two threads at the same point: the task's own loop index i, or
-    i + b, b + i, i - b, b - i, i * a, a * i of such a value, with b the same in every thread and
-    a a nonzero constant (wrap-around would need indices beyond any buffer). False when unsure."""
-    if s.op is Op.LOOP_INDEX:
-        return s.attr is task
+def _one_per_thread(s: Stmt, kernel: Kernel, task: Task) -> bool:
+    """The element of atomic s is different in every thread of the task (at the same point of its
+    serial loops). False when unsure: that only costs the subgroup check."""
+    if _along(s.args[0], lambda x: x.op is Op.LOOP_INDEX and x.attr is task):
+        return True
+    # the multi-index (the original statements, also in a clone: ir/clone.py) against the task's
+    # parallel dimensions (Kernel.loop_dims): each alone in an index dimension of its own
+    dims = sorted({d for t, d in kernel.loop_dims.values() if t is task})
+    if not dims or not s.index:
+        return False
+    free = [x for x in s.index if isinstance(x, Stmt)]
+    for d in dims:
+        hit = next((x for x in free if _along(x, lambda v, d=d: kernel.loop_dims.get(v) == (task, d))), None)
+        if hit is None:
+            return False
+        free.remove(hit)
+    return True
+
+
+def _along(s: Stmt, is_dim) -> bool:
+    """s is a*v + b where is_dim(v), a is a nonzero constant and b is the same in every thread
+    (wrap-around would need indices beyond any buffer)."""
+    if is_dim(s):
+        return True
     if s.op in (Op.ADD, Op.SUB) and len(s.args) == 2:
         a, b = s.args
-        return (_distinct(a, task, uniform) and id(b) in uniform
-                or id(a) in uniform and _distinct(b, task, uniform))
+        return _along(a, is_dim) and _same(b) or _same(a) and _along(b, is_dim)
     if s.op is Op.MUL and len(s.args) == 2:
         a, b = s.args
-        return (_distinct(a, task, uniform) and b.op is Op.CONST and b.attr != 0
-                or a.op is Op.CONST and a.attr != 0 and _distinct(b, task, uniform))
+        return (_along(a, is_dim) and b.op is Op.CONST and b.attr != 0
+                or a.op is Op.CONST and a.attr != 0 and _along(b, is_dim))
     return False
+
+
+def _same(s: Stmt, depth: int = 0) -> bool:
+    """s is the same in every thread: constants, arguments and arithmetic on them."""
+    if s.op in (Op.CONST, Op.ARG):
+        return True
+    return depth < 8 and s.op in ALU and bool(s.args) and all(_same(a, depth + 1) for a in s.args)

@@ -69,7 +69,7 @@ class TaskEmitter:
         self.sg_helpers: dict[tuple[int, AtomicKind], str] = {}
         self.sg_atomics: set[int] = set()
         if opts.subgroups and not self.serial:
-            for s in subgroup_atomics(task, self.buf_mode, self.used_ids):
+            for s in subgroup_atomics(kernel, task, self.buf_mode, self.used_ids):
                 self.sg_atomics.add(id(s))
                 key = (id(s.attr[1]), s.attr[0])
                 if key not in self.sg_helpers:
