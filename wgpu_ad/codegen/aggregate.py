@@ -24,10 +24,13 @@ particles, 27 float adds each into a 128^2 grid), on raw-WGSL variants of its p2
   covers a few cells) made the emulated scatter 2.1-4.1x slower than random ones (438-860 ms
   against 185-221 ms). Summing the subgroup first makes that one compare-exchange per subgroup:
   76-180 ms sorted (3.5-6x faster), at a cost of 1.15-1.27x in random order (236-259 ms), where
-  lanes rarely agree and llvmpipe runs the aggregated branch under an empty mask anyway (a one-time
-  check per thread for all 27 adds cost the same). On a GPU the check is three subgroup
-  instructions beside a global compare-exchange round trip, and a warp of 32 hitting one element
-  serialises 32 retries, so the trade is better there.
+  lanes rarely agree and llvmpipe's subgroup operations, loops over the lanes, make the check
+  itself the cost (the check alone cost as much; one check per thread for all 27 adds, and a
+  loop instead of an `if` around the aggregated path, cost the same). In the whole benchmark
+  (benchmarks/RESULTS.md) the sorted case's emulated forward got 3.8x faster and the random
+  one's change was within the noise. On a GPU the check is three subgroup instructions beside a
+  global compare-exchange round trip, and a warp of 32 hitting one element serialises 32
+  retries, so the trade is better there.
 - A native atomic add gains nothing: the hardware (or llvmpipe's lock-prefixed instruction per
   lane) settles lanes on one address without retries. The helper made it slower in both orders
   (random 89-97 ms against 44-54; sorted 56-86 against 28-51).
