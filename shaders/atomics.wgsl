@@ -25,7 +25,8 @@ fn {{fn_name}}(elem: i32, operand: f32) -> f32 {
 //! snippet subgroup_add
 // An atomic add with one atomic per subgroup when every active invocation of the subgroup adds
 // to the same element (sums into a few addresses: the gradient of a value all threads read, the
-// inner loop of a pair sum), one per invocation otherwise. The subgroup sums in registers first;
+// inner loop of a pair sum; emulated float adds of a sorted scatter), one per invocation
+// otherwise (codegen/aggregate.py says where it is used). The subgroup sums in registers first;
 // the invocation with the lowest `lid` among those present does the atomic.
 fn {{fn_name}}(elem: i32, operand: {{dtype}}, lid: u32) {
     let first = subgroupBroadcastFirst(elem);

@@ -54,6 +54,7 @@ def full_cases() -> list[Case]:
         Case("cloth", {"n": 64, "steps": 200}, reps=7),
         Case("reduction", {"n": 4_194_304}, reps=11),
         Case("scatter", {"particles": 262_144, "grid": 128}, reps=11),
+        Case("scatter", {"particles": 262_144, "grid": 128, "order": "sorted"}, reps=11),
         Case("launch", {"launches": 5000}, reps=11),
     ]
 

@@ -1,6 +1,11 @@
 """Scatter (P2G-like): particles splat mass and momentum to a grid x grid grid with quadratic
 B-spline weights (float atomics into random nodes); loss = sum of squared grid values;
-backward gives dloss/d(particle position) through the weights (a gather)."""
+backward gives dloss/d(particle position) through the weights (a gather).
+
+Parameter `order`: "random" (the default: particles in the order they were drawn, so the threads
+of a workgroup hit nodes all over the grid) or "sorted" (particles sorted by the cell of their
+stencil's base node, as P2G codes do after a sort, and as a regular initialisation gives: the
+threads of a workgroup hit a few nodes many times)."""
 
 import numpy as np
 
@@ -14,9 +19,17 @@ P_MASS = 1.0
 
 def inputs(p: dict) -> dict:
     rng = np.random.default_rng(3)
-    n = p["particles"]
-    return {"x": rng.uniform(0.2, 0.8, (n, 2)).astype(np.float32),
-            "v": rng.normal(0.0, 1.0, (n, 2)).astype(np.float32)}
+    n, order = p["particles"], p.get("order", "random")
+    x = rng.uniform(0.2, 0.8, (n, 2)).astype(np.float32)
+    v = rng.normal(0.0, 1.0, (n, 2)).astype(np.float32)
+    if order == "sorted":
+        g = p["grid"]
+        base = np.floor(x.astype(np.float64) * g - 0.5).astype(np.int64)
+        k = np.argsort(base[:, 0] * g + base[:, 1], kind="stable")
+        x, v = x[k], v[k]
+    elif order != "random":
+        raise ValueError(f"scatter: order must be 'random' or 'sorted', got {order!r}")
+    return {"x": np.ascontiguousarray(x), "v": np.ascontiguousarray(v)}
 
 
 def build(ti, p: dict, inp: dict) -> Program:

@@ -63,9 +63,9 @@ def generate(kernel: Kernel, *, float_atomics: bool, debug: bool, workgroup_size
     float_atomics: use WGSL atomic<f32> add/sub (the device must have 'shader-float32-atomic');
     otherwise float atomics are compare-exchange loops on u32 bits.
     debug: keep ASSERTs (they report through the error buffer); without it they are dropped.
-    subgroups: the device has WGSL subgroup operations ('subgroup' feature): atomic adds whose
-    old value is unused go through shaders/atomics.wgsl subgroup_add (one atomic per subgroup
-    when its invocations add to one element).
+    subgroups: the device has WGSL subgroup operations ('subgroup' feature): the atomic adds
+    that aggregate.py picks go through shaders/atomics.wgsl subgroup_add (one atomic per
+    subgroup when its invocations add to one element).
     grid_cap: the most workgroups the launcher gives a range task (Runtime.grid_cap): constant
     ranges it always covers get one iteration per thread instead of a grid-stride loop.
     loop_check: every loop checks that it ran to its end (Mesa llvmpipe stops loops early).

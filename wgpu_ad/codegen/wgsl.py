@@ -15,9 +15,9 @@ from ..ir.utils import jumps_to_loop
 from ..runtime.compiled import ERROR_WORDS, LOOP_LIMIT_WORD, BindingSpec
 from .. import shaders
 from ..types import DType, f16, f32, i32, u1, u32
+from .aggregate import subgroup_atomics
 from .common import (ARGS_STRUCT, ARGS_VAR, ATOMIC_FN, CAS_COMBINE, DEFAULT_GRID_CAP, ERR_VAR, INDENT, PRINT_VAR,
-                     RET_VAR, STACK_VAR, SUBGROUP_KINDS, BufferUse, Options, _arg_words, _fail, _fixed_names, _thread_uniform,
-                     kept_assert)
+                     RET_VAR, STACK_VAR, BufferUse, Options, _arg_words, _fail, _fixed_names, kept_assert)
 from .names import Namer, identifiers
 from .ops_table import ALU, MATH_HELPERS, convert, from_bits, literal, spell, to_bits, word_dtype, zero
 from .vectors import element_component, quad_views, unused_addresses, vector_hint, vector_views
@@ -73,18 +73,16 @@ class TaskEmitter:
             if self.buf_mode.get(id(b)) == "cas":
                 for kind in sorted(self.uses[id(b)].atomics, key=lambda k: k.value):
                     self.cas_helpers[(id(b), kind)] = self.mod_names.fresh(f"atomic_{kind.value}_{self.buf_name[id(b)]}")
-        # one subgroup-aggregating helper per (buffer, kind) of atomic adds whose old value is unused
-        # and whose element is the same in every thread (see _thread_uniform)
+        # one subgroup-aggregating helper per (buffer, kind) of the atomic adds that aggregate.py
+        # picks; sg_atomics: the ids of those statements
         self.sg_helpers: dict[tuple[int, AtomicKind], str] = {}
+        self.sg_atomics: set[int] = set()
         if opts.subgroups and not self.serial:
-            uniform = _thread_uniform(task)
-            for s in walk(task.body):  # (the epilogue's atomics are one per workgroup already)
-                if s.op is Op.ATOMIC and s.attr[0] in SUBGROUP_KINDS and id(s) not in self.used_ids \
-                        and s.attr[1].dtype in (f32, i32, u32) and id(s.args[0]) in uniform:
-                    key = (id(s.attr[1]), s.attr[0])
-                    if key not in self.sg_helpers:
-                        self.sg_helpers[key] = self.mod_names.fresh(
-                            f"subgroup_{s.attr[0].value}_{self.buf_name[key[0]]}")
+            for s in subgroup_atomics(kernel, task, self.buf_mode, self.used_ids):
+                self.sg_atomics.add(id(s))
+                key = (id(s.attr[1]), s.attr[0])
+                if key not in self.sg_helpers:
+                    self.sg_helpers[key] = self.mod_names.fresh(f"subgroup_{s.attr[0].value}_{self.buf_name[key[0]]}")
         self.wg_arrays = {id(x): self.mod_names.fresh(f"partial_sums{k}") for k, x in enumerate(self.wg_sums)}
         self.names = Namer(self.mod_names.taken)   # main's locals; module names stay visible
         self.value: dict[int, str] = {}            # stmt id -> WGSL name of its value
@@ -244,7 +242,7 @@ class TaskEmitter:
         elif op is Op.GLOBAL_STORE:
             self.line(d, self.store_stmt(s.attr, self.index(s.args[0], d), self.ref(s.args[1])))
         elif op is Op.ATOMIC:
-            helper = self.sg_helpers.get((id(s.attr[1]), s.attr[0])) if id(s) not in self.used_ids else None
+            helper = self.sg_helpers[(id(s.attr[1]), s.attr[0])] if id(s) in self.sg_atomics else None
             if helper is not None:
                 idx = convert(self.index(s.args[0], d), s.args[0].dtype, i32)
                 self.line(d, f"{helper}({idx}, {self.ref(s.args[1])}, lid);")
@@ -532,7 +530,6 @@ class TaskEmitter:
 
     def iteration_loop(self, part: str) -> None:
         """The task's iterations: one per thread, or a grid-stride loop."""
-        t = self.task
         stride = "iter += min(num_threads, range_count - iter)"
         if self.one_pass:
             self.line(1, f"// {part}: one iteration per thread (the launch covers the range)")
