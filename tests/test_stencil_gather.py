@@ -18,6 +18,12 @@ from ad_util import assert_grad, central_diffs
 pytestmark = pytest.mark.gpu
 
 
+def _init(**options):
+    """A runtime whose stencil adjoints gather (on lavapipe they do not by default)."""
+    ti.init()
+    ti.set_compile_options(stencil_gather=True, **options)
+
+
 def _gathered(kernel, *args) -> bool:
     return "_gather_adj" in kernel.get_grad_ir(*args)
 
@@ -35,7 +41,7 @@ def test_cloth_step_gathers_and_matches_central_differences_at_the_borders():
     """The benchmark's cloth step (8 neighbours at static offsets, bounds checks, a Vector field
     with a time axis indexed by the argument t), two steps and a loss: every element of
     dloss/dx0 and dloss/dv0, corners and edges included, against float64 central differences."""
-    ti.init()
+    _init()
     n, steps, dt, ks, damping = 5, 2, 2e-2, 30.0, 0.99
     dx = 1.0 / n
     rest = [dx * math.sqrt(a * a + b * b) for a, b in OFFSETS]
@@ -112,7 +118,7 @@ def _run_1d(kernel, fields, loss, values, args=()):
 def test_1d_three_point_stencil_with_bounds_checks():
     """loss = sum_i sin(x[i-1] x[i]) + x[i+1]^2 w[i], the neighbours under bounds checks; both
     fields' gradients at every element, the two ends included."""
-    ti.init()
+    _init()
     n = 9
     x = ti.field(ti.f32, shape=n, needs_grad=True)
     w = ti.field(ti.f32, shape=n, needs_grad=True)
@@ -143,7 +149,7 @@ def test_1d_three_point_stencil_with_bounds_checks():
 def test_2d_five_point_stencil_on_a_vector_field_stored_into_another_field():
     """out[i, j] = a nonlinear 5-point stencil of the Vector field u (bounds checks), then a loss
     kernel: u.grad everywhere, against central differences."""
-    ti.init()
+    _init()
     n, m = 4, 5
     u = ti.Vector.field(2, ti.f32, shape=(n, m), needs_grad=True)
     out = ti.field(ti.f32, shape=(n, m), needs_grad=True)
@@ -191,7 +197,7 @@ def test_2d_five_point_stencil_on_a_vector_field_stored_into_another_field():
 def test_3d_seven_point_stencil_and_asymmetric_offsets():
     """A 3-D stencil reading (+1, 0, 0), (0, -2, 0), (0, 0, +1) and (-1, +1, 0) under bounds
     checks (asymmetric, one offset of 2, a diagonal)."""
-    ti.init()
+    _init()
     n0, n1, n2 = 3, 4, 3
     offs = [(1, 0, 0), (0, -2, 0), (0, 0, 1), (-1, 1, 0)]
     x = ti.field(ti.f32, shape=(n0, n1, n2), needs_grad=True)
@@ -227,7 +233,7 @@ def test_a_mask_guard_over_an_interior_loop_domain():
     """ndrange((1, n - 1), (1, m - 1)): the neighbours stay in the field by the loop's domain, and
     the guard is a mask field, not a bounds check. The border elements get gradient only from
     the interior threads that read them."""
-    ti.init()
+    _init()
     n, m = 5, 6
     x = ti.field(ti.f32, shape=(n, m), needs_grad=True)
     mask = ti.field(ti.f32, shape=(n, m))
@@ -260,7 +266,7 @@ def test_a_mask_guard_over_an_interior_loop_domain():
 
 def test_grouped_loop():
     """`for I in ti.grouped(...)` with neighbours x[I + offset]."""
-    ti.init()
+    _init()
     n = 6
     x = ti.field(ti.f32, shape=(n, n), needs_grad=True)
     loss = ti.field(ti.f32, shape=(), needs_grad=True)
@@ -287,7 +293,7 @@ def test_grouped_loop():
 def test_fused_tape_tail():
     """The last kernel of a tape runs fused with its adjoint (fuse.py); its stencil is gathered
     in the fused kernel too."""
-    ti.init()
+    _init()
     n = 7
     x = ti.field(ti.f32, shape=n, needs_grad=True)
     loss = ti.field(ti.f32, shape=(), needs_grad=True)
@@ -356,7 +362,7 @@ def _fallback_kernels():
 
 @pytest.mark.parametrize("case", ["argument_bound", "non_unit_coefficient", "serial_loop", "index_used_twice"])
 def test_refused_shapes_keep_the_atomic_adjoint(case):
-    ti.init()
+    _init()
     loss, refs = _fallback_kernels()
     k, (f, ref) = next((k, r) for k, r in refs.items() if k.__name__ == case)
     m = 6
@@ -370,7 +376,7 @@ def test_refused_shapes_keep_the_atomic_adjoint(case):
 
 def test_transposed_placements_of_one_field_are_not_gathered():
     """y[i, j + 1] and y[j, i] in one task would make two gather threads write one element."""
-    ti.init()
+    _init()
     n = 5
     y = ti.field(ti.f32, shape=(n, n), needs_grad=True)
     loss = ti.field(ti.f32, shape=(), needs_grad=True)
@@ -394,8 +400,7 @@ def test_transposed_placements_of_one_field_are_not_gathered():
 def test_cpu_serial_trailing_dimension_is_not_gathered():
     """With the CPU adapters' split of a 2-D loop into a parallel i and a serial j
     (min_parallel, frontend/kernel.py), the body has a serial loop: the atomic adjoint."""
-    ti.init()
-    ti.set_compile_options(min_parallel=1)
+    _init(min_parallel=1)
     n = 5
     x = ti.field(ti.f32, shape=(n, n), needs_grad=True)
     loss = ti.field(ti.f32, shape=(), needs_grad=True)
@@ -414,3 +419,48 @@ def test_cpu_serial_trailing_dimension_is_not_gathered():
     (want,) = central_diffs(ref, [xv])
     assert_grad(g, want, what="x.grad")
     assert not _gathered(k)
+
+
+def _blur():
+    n = 8
+    x = ti.field(ti.f32, shape=n, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def blur():
+        for i in range(n):
+            if 0 < i < n - 1:
+                loss[None] += ti.sin(x[i - 1] + 2.0 * x[i] * x[i + 1])
+
+    def ref(x_):
+        return float(np.sin(x_[:-2] + 2.0 * x_[1:-1] * x_[2:]).sum())
+    return x, loss, blur, ref
+
+
+def test_when_it_gathers_and_the_option():
+    """By default the gather is made on GPUs only (on lavapipe its replays cost more than the
+    atomics they remove, benchmarks/RESULTS.md); ti.set_compile_options(stencil_gather=...)
+    forces it either way, and a bad value is refused with a clear message."""
+    ti.init()
+    x, loss, blur, _ = _blur()
+    assert _gathered(blur) == (ti.compile_options().min_parallel is None)
+    ti.set_compile_options(stencil_gather=False)
+    assert not _gathered(blur)
+    ti.set_compile_options(stencil_gather=True)
+    assert _gathered(blur)
+    with pytest.raises(ti.WgpuAdError, match=r"stencil_gather='yes': expected True, False or None \(automatic\)"):
+        ti.set_compile_options(stencil_gather="yes")
+
+
+def test_gather_in_debug_mode_with_nan_checks():
+    """debug=True keeps index asserts in the replays and checks every gradient contribution for
+    NaN (the gather task's too): the same right gradients."""
+    ti.init(debug=True)
+    ti.set_compile_options(stencil_gather=True)
+    x, loss, blur, ref = _blur()
+    xv = np.random.default_rng(13).uniform(-1, 1, 8).astype(np.float32)
+    (g,) = _run_1d(blur, [x], loss, [xv])
+    (want,) = central_diffs(ref, [xv])
+    assert_grad(g, want, what="x.grad")
+    assert _gathered(blur)
+    assert not _atomic_grad(blur, "x")

@@ -18,7 +18,7 @@ from .nancheck import NanChecks
 from .normalize import normalize_task
 from .promote import promote_elements, snapshot_loads
 from .reverse import AdjointEmitter
-from .stencil import gather_split, own_elements
+from .stencil import gather_split, merge_groups
 from .transpose import split_pair_task
 
 DEFAULT_STACK_SIZE = 256  # loops bounded by constants or arguments are sized exactly or per launch
@@ -61,7 +61,7 @@ def prepare_in_place(kernel: Kernel) -> tuple[Kernel, list, frozenset]:
 
 def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
                    stack_size: int = DEFAULT_STACK_SIZE, zero: tuple = (), transpose: int | None = None,
-                   fuse: bool = False, check_nan: bool = False) -> tuple[Kernel, AdjointInfo]:
+                   fuse: bool = False, check_nan: bool = False, stencils: bool = True) -> tuple[Kernel, AdjointInfo]:
     """The adjoint kernel of `kernel` (its tasks reversed, each replaced by its adjoint), and
     its AdjointInfo.
 
@@ -77,6 +77,8 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     NotFusable when that cannot be done.
     check_nan: every contribution to a gradient is checked to be finite, and the operation whose
     derivative first was not is reported (nancheck.py; the kernel's checks share one list of sites).
+    stencils: the adjoints of stencils gather their neighbours' gradients instead of scattering them
+    with atomics (stencil.py).
     """
     k, bases, redirected = prepare_in_place(kernel)
     # what cannot be proven safe for every input is checked by the forward launch instead
@@ -126,7 +128,7 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     for t, orig in zip(reversed(k.tasks), reversed(kernel.tasks)):
         tg = task_grads(orig)
         split = split_pair_task(t, orig, flags[id(t)], tg, transpose) if transpose is not None else None
-        gather = gather_split(t, orig, kernel.loop_dims, flags[id(t)], tg) if split is None else None
+        gather = gather_split(t, orig, kernel.loop_dims, flags[id(t)], tg) if stencils and split is None else None
         effects = fuse and not adjoints  # the last task: its adjoint does the forward's writes too
         skip = split.skip if split is not None else gather.skip if gather is not None else frozenset()
         em = AdjointEmitter(k, tg, stack_size, flags[id(t)] if split is None else frozenset(), skip=skip,
@@ -134,9 +136,8 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
                             nan=checks())
         main = em.task(t)
         if gather is not None:  # runs first: it reads the outputs' gradients the main adjoint consumes
-            gt = AdjointEmitter(k, tg, stack_size, skip=gather.skip_gather, nan=checks(),
-                                consume=False).task(gather.task)
-            own_elements(gt, gather.own)
+            gt = merge_groups([AdjointEmitter(k, tg, stack_size, skip=skip_g, nan=checks(), consume=False).task(g)
+                               for g, skip_g in zip(gather.tasks, gather.skip_gather)], gather)
             adjoints.append((gt, gather.marker, {}))
         adjoints.append((main, orig, kernel.loop_dims))
         if effects:

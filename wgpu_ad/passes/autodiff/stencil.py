@@ -9,17 +9,18 @@ A parallel loop that reads its neighbours at constant offsets, like a cloth step
                 f += spring(x[t, i2, j2] - x[t, i, j])
 
 has an adjoint that adds the gradient of every neighbour load into x.grad[t, i2, j2]: an atomic
-add from every thread into elements other threads write too (on lavapipe a compare-exchange loop
-per component). Here it is transposed instead. The loads whose index is, in every dimension,
-either a loop index of the task's parallel loop plus a constant (each parallel dimension in
-exactly one dimension, with coefficient one) or a value the same in every thread (a kernel
-argument such as `t`, a constant) are grouped by their constant part c (one vector per load, over
-the parallel dimensions). The adjoint becomes two tasks:
+add from every thread into elements other threads write too (a compare-exchange loop per
+component where the adapter lacks atomic<f32>). Here it can be transposed instead. The loads
+whose index is, in every dimension, either a loop index of the task's parallel loop plus a
+constant (each parallel dimension in exactly one dimension, with coefficient one) or a value the
+same in every thread (a kernel argument such as `t`, a constant) are grouped by their constant
+part c (one vector per load, over the parallel dimensions). The adjoint becomes two tasks:
 
   - a gather task, run first: thread w (a vector over the parallel dimensions, in element
     coordinates) replays, for each group c, the forward body of the thread p = w - c when p is in
     the loop's domain, differentiates only that group's loads (whose index at p is w by
-    construction) and adds their gradients into its own element w with plain loads and stores;
+    construction), sums their gradients in registers over the groups and adds them into its own
+    elements once, with plain loads and stores;
   - the usual adjoint task with those loads left out of the differentiation.
 
 A gradient is a sum over the loads it flows into and every (p, load) pair is visited once, by
@@ -57,8 +58,18 @@ the guards), which is inside the fields' shapes. Not the fields' extents: for a 
 interior, ndrange((1, n - 1), (1, n - 1)), reading its 4 neighbours, that would be threads for
 the corners, which receive nothing.
 
-When it pays: on a GPU a gather always beats atomics. On CPU adapters it replaces the
-compare-exchange loops by one replay per group; cloth n=64 on lavapipe: see benchmarks/RESULTS.md.
+When it pays. On GPUs (Runtime.min_parallel is None) the gather is made whenever it is proven:
+it trades float atomics for a replay of one term per group, and the gathered contributions to an
+element are summed in one thread in a fixed order (the same bits on every run). On CPU adapters it
+is not made by default: it costs more than the atomics it removes. Measured on lavapipe (2 cores,
+native atomic<f32>), the cloth step's adjoint at n=64: 1.8 ms scattering with atomics; gathering,
+1.4 ms for the usual adjoint (the center load x[t, i, j] still needs every spring) plus 3.5-3.9 ms
+for the gather, about 0.45 ms per group, where each group reloads x[p], the gradients of p's
+outputs and x[w] (memory accesses are llvmpipe's dominant cost: the scatter makes 3 loads and 3
+atomics per spring, a group 12 loads and the replay). With compare-exchange atomics the scatter
+still wins (cloth n=64 fwd+bwd, 200 steps: 1.2-1.3 s scattering, 1.6 s gathering).
+ti.set_compile_options(stencil_gather=True / False) forces it either way (the tests run it on
+lavapipe that way).
 """
 from __future__ import annotations
 
@@ -68,9 +79,8 @@ from ...ir.builder import Builder
 from ...ir.clone import clone_block
 from ...ir.nodes import Block, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
-from ...types import i32
+from ...types import i32, u1
 from . import access
-from .demote import _rewrite
 
 # what makes thread w's replay of p differ from what p computed, or needs stacks
 _REFUSED = frozenset({Op.RANGE_FOR, Op.WHILE, Op.BREAK, Op.CONTINUE, Op.RETURN, Op.RANDOM, Op.STACK_ALLOC,
@@ -82,10 +92,11 @@ _CMP = {Op.LT: (None, -1), Op.LE: (None, 0), Op.GT: (1, None), Op.GE: (0, None)}
 class Gather:
     """How one range task's adjoint is split (see the module docstring)."""
 
-    task: Task          # the gather's primal task: thread w replays the threads w - c
+    tasks: list         # per group, a primal task: thread w replays the thread w - c
     skip: set           # ids of the loads of the original task its adjoint leaves out (the gathered ones)
-    skip_gather: set    # ids of the loads of `task` its adjoint leaves out (all but the gathered replays')
-    own: set            # ids of the gradient buffers the gather task accumulates into, each thread its own elements
+    skip_gather: list   # per group, the ids of the loads of its task that its adjoint leaves out
+    own: set            # ids of the gradient buffers the gather accumulates into, each thread its own elements
+    elements: dict      # id(a gathered load's multi-index) -> its element's key: equal keys, one element
     marker: Task        # stands for the gather task in demote.py
 
 
@@ -104,23 +115,23 @@ def gather_split(t: Task, orig: Task, loop_dims: dict, flags: set, grads: dict) 
     `orig`); grads: id(primal Buffer) -> its gradient Buffer."""
     if t.kind != "range" or orig.kind != "range" or flags or t.begin is None or t.end is None:
         return None
-    pairs = list(zip(walk(orig.body), walk(t.body)))
-    if len(pairs) != sum(1 for _ in walk(t.body)) or any(a.op is not b.op for a, b in pairs):
+    mine_list, theirs = list(walk(orig.body)), list(walk(t.body))  # the same statements, in order
+    if len(mine_list) != len(theirs) or any(a.op is not b.op for a, b in zip(mine_list, theirs)):
         return None
     if any(s.op in _REFUSED for s in walk(orig.body)):
         return None
     dom = _domain(orig, loop_dims)
     if dom is None:
         return None
-    ranges, extents = dom
-    mine = {id(a): b for a, b in pairs}
+    ranges, extents, dims = dom
+    mine = {id(a): b for a, b in zip(mine_list, theirs)}
     loads = _candidates(orig, loop_dims, grads, mine, ranges)
     by_grad: dict[int, list] = {}
     for ld in loads:
         by_grad.setdefault(id(grads[id(ld.stmt.attr)]), []).append(ld)
     gathered = []
     for gid, group in by_grad.items():
-        if len({ld.places for ld in group}) != 1 or not _disjoint(orig, t, mine, loop_dims, grads, gid, group):
+        if len({ld.places for ld in group}) != 1 or not _disjoint(orig, mine, loop_dims, grads, gid, group):
             continue
         counts: dict[tuple, int] = {}
         for ld in group:
@@ -131,7 +142,7 @@ def gather_split(t: Task, orig: Task, loop_dims: dict, flags: set, grads: dict) 
         gathered += [ld for ld in group if ld.c != keep]
     if not any(ld.span is not None for ld in gathered):
         return None
-    return _build(t, orig, gathered, ranges, extents, grads)
+    return _build(t, gathered, ranges, extents, [mine.get(id(x)) for x in dims], grads)
 
 
 def _domain(orig: Task, loop_dims: dict):
@@ -153,7 +164,7 @@ def _domain(orig: Task, loop_dims: dict):
     if len(idx) != 1:
         return None
     if len(dims) == 1:
-        return ([(begin.attr, end.attr - 1)], None) if dims[0] is idx[0] else None
+        return ([(begin.attr, end.attr - 1)], None, [dims[0]]) if dims[0] is idx[0] else None
     # the frontend's decoding (frontend/kernel.py _range_task): q_d = r - (r / E_d) * E_d, r = r / E_d
     if begin.attr != 0:
         return None
@@ -177,7 +188,7 @@ def _domain(orig: Task, loop_dims: dict):
         return None
     extents[0] = end.attr // inner
     ext = [extents[d] for d in range(len(dims))]
-    return [(0, e - 1) for e in ext], ext
+    return [(0, e - 1) for e in ext], ext, [dims[d] for d in range(len(dims))]
 
 
 def _candidates(orig: Task, loop_dims: dict, grads: dict, mine: dict, ranges: list) -> list[_Load]:
@@ -256,7 +267,7 @@ def _narrow(cond: Stmt, loop_dims: dict, key: list, span: list) -> None:
         r[1] = min(r[1], hi)
 
 
-def _disjoint(orig: Task, t: Task, mine: dict, loop_dims: dict, grads: dict, gid: int, group: list) -> bool:
+def _disjoint(orig: Task, mine: dict, loop_dims: dict, grads: dict, gid: int, group: list) -> bool:
     """No store or atomic of the task can touch a gathered element of the gradient `gid`, and the
     task does not access that gradient buffer itself (module docstring)."""
     for s in list(walk(orig.bounds)) + list(walk(orig.body)):
@@ -280,7 +291,7 @@ def _disjoint(orig: Task, t: Task, mine: dict, loop_dims: dict, grads: dict, gid
     return True
 
 
-def _build(t: Task, orig: Task, gathered: list, ranges: list, extents: list | None, grads: dict) -> Gather:
+def _build(t: Task, gathered: list, ranges: list, extents: list | None, dims: list, grads: dict) -> Gather:
     """The gather's primal task (module docstring) and the loads each adjoint leaves out."""
     nd = len(ranges)
     live = [ld for ld in gathered if ld.span is not None]
@@ -290,29 +301,30 @@ def _build(t: Task, orig: Task, gathered: list, ranges: list, extents: list | No
     total = 1
     for e in size:
         total *= e
-    g = Task("range", Block(), Block(), block_dim=t.block_dim, name=t.name + "_gather")
-    m: dict[int, object] = {id(t): g}
-    g.bounds = clone_block(t.bounds, m)
-    b = Builder(g.bounds)
-    g.begin, g.end = b.const(0, i32), b.const(total, i32)
-    b.block = g.body
-    # w, the element this thread gathers into, per parallel dimension (last dimension fastest)
-    r = b.loop_index(g, name="w")
-    w = [None] * nd
-    for d in range(nd - 1, -1, -1):
-        if d:
-            div = b.div(r, b.const(size[d], i32))
-            q = b.sub(r, b.mul(div, b.const(size[d], i32)))
-            r = div
-        else:
-            q = r
-        w[d] = b.add(q, b.const(box[d][0], i32)) if box[d][0] else q
-        w[d].name = f"w{d}"
     by_c: dict[tuple, list] = {}
     for ld in gathered:
         by_c.setdefault(ld.c, []).append(ld)
-    keep_ids = set()
+    tasks, skips = [], []
     for c, group in sorted(by_c.items()):
+        g = Task("range", Block(), Block(), block_dim=t.block_dim, name=t.name + "_gather")
+        m: dict[int, object] = {id(t): g}
+        g.bounds = clone_block(t.bounds, m)
+        b = Builder(g.bounds)
+        g.begin, g.end = b.const(0, i32), b.const(total, i32)
+        b.block = g.body
+        # w, the element this thread gathers into, per parallel dimension (last dimension fastest)
+        r = b.loop_index(g, name="w")
+        w = [None] * nd
+        for d in range(nd - 1, -1, -1):
+            if d:
+                div = b.div(r, b.const(size[d], i32))
+                q = b.sub(r, b.mul(div, b.const(size[d], i32)))
+                r = div
+            else:
+                q = r
+            w[d] = b.add(q, b.const(box[d][0], i32)) if box[d][0] else q
+            w[d].name = f"w{d}"
+        # p = w - c, the thread whose loads of this group read w, when it is in the loop's domain
         p = [b.sub(w[d], b.const(c[d], i32)) if c[d] else w[d] for d in range(nd)]
         inside = None
         for d in range(nd):
@@ -324,22 +336,77 @@ def _build(t: Task, orig: Task, gathered: list, ranges: list, extents: list | No
             lin = b.add(b.mul(lin, b.const(extents[d], i32)), p[d])
         zero = b.const(0, i32)
         branch = b.if_(inside)
-        mm = dict(m)
-        body = clone_block(t.body, mm)
-        for s in walk(body):  # the replayed thread's index is p's
+        branch.blocks[0] = clone_block(t.body, m)
+        # the replayed thread's index is p's, and so are its parallel indices (no decoding)
+        pdims = {id(m[id(x)]): d for d, x in enumerate(dims) if x is not None and id(x) in m}
+        for s in walk(branch.blocks[0]):
             if s.op is Op.LOOP_INDEX and s.attr is g:
                 s.op, s.args, s.attr = Op.ADD, [lin, zero], None
-        branch.blocks[0] = body
-        keep_ids |= {id(mm[id(ld.stmt)]) for ld in group}
-    skip_gather = {id(s) for s in walk(g.body) if s.op is Op.GLOBAL_LOAD} - keep_ids
-    skip_gather |= {id(s) for s in walk(g.bounds) if s.op is Op.GLOBAL_LOAD}
+            elif id(s) in pdims:
+                s.op, s.args, s.attr = Op.ADD, [p[pdims[id(s)]], zero], None
+        keep = {id(m[id(ld.stmt)]) for ld in group}
+        tasks.append(g)
+        skips.append({id(s) for blk in (g.bounds, g.body) for s in walk(blk) if s.op is Op.GLOBAL_LOAD} - keep)
     own = {id(grads[id(ld.stmt.attr)]) for ld in gathered}
-    return Gather(g, {id(ld.stmt) for ld in gathered}, skip_gather, own, Task("range", Block(), Block(), name=g.name))
+    # the element a load's gradient goes to in thread w: its gradient buffer and the forms of its
+    # index's thread-uniform positions (the others hold w, at the same positions for the buffer)
+    elements = {id(ld.stmt.index): (id(grads[id(ld.stmt.attr)]),) + tuple(
+        tuple(sorted(f.items(), key=repr)) for pos, f in enumerate(ld.forms) if pos not in ld.places)
+        for ld in gathered}
+    return Gather(tasks, {id(ld.stmt) for ld in gathered}, skips, own, elements,
+                  Task("range", Block(), Block(), name=t.name))
 
 
-def own_elements(task: Task, own: set) -> None:
-    """The gather's adjoint `task`: its accumulations into the gradients `own` become plain
-    read-modify-writes, each thread adding into its own elements only (module docstring)."""
-    demote = {id(s) for s in walk(task.body) if s.op is Op.ATOMIC and s.attr[0] is AtomicKind.ADD
-              and id(s.attr[1]) in own}
-    _rewrite(task.body, demote, set())
+def merge_groups(parts: list[Task], gather: Gather) -> Task:
+    """One task running the groups' adjoint tasks one after the other in each thread (each with
+    its replay next to its reverse, so a group's replayed values are dead before the next group).
+    Their accumulations into the gathered gradients go to the thread's own elements: summed in
+    registers over the groups (one per element, keyed by Gather.elements), and added to the
+    element once at the end with a plain read-modify-write (module docstring)."""
+    out = parts[0]
+    for p in parts[1:]:
+        out.bounds.stmts += p.bounds.stmts
+        out.body.stmts += p.body.stmts
+    for s in walk(out.body):
+        if s.op is Op.LOOP_INDEX and any(s.attr is p for p in parts):
+            s.attr = out
+    out.replay = set()  # replay and reverse alternate, group by group: no banner splits them
+    sums: dict = {}  # element key -> (gradient buffer, value ALLOCA, index ALLOCA, flag ALLOCA)
+    b = Builder()
+
+    def rewrite(block: Block) -> None:
+        stmts = []
+        for s in block.stmts:
+            for blk in s.blocks:
+                rewrite(blk)
+            key = gather.elements.get(id(s.index)) if s.op is Op.ATOMIC else None
+            if key is None or s.attr[0] is not AtomicKind.ADD or id(s.attr[1]) not in gather.own:
+                stmts.append(s)
+                continue
+            if key not in sums:
+                with b.at(Block()):
+                    sums[key] = (s.attr[1], b.alloca(s.attr[1].dtype, "gathered"), b.alloca(i32, "gathered_at"),
+                                 b.alloca(u1, "gathered_any"))
+            _, acc, at, hit = sums[key]
+            with b.at(Block()) as blk:
+                b.loc = s.loc
+                b.store(acc, b.add(b.load(acc), s.args[1]))
+                b.store(at, s.args[0])
+                b.store(hit, b.const(True, u1))
+            stmts += blk.stmts
+        block.stmts = stmts
+    rewrite(out.body)
+    with b.at(Block()) as head:
+        for buf, acc, at, hit in sums.values():
+            head.stmts += [acc, at, hit]
+            b.store(acc, b.const(0.0, buf.dtype))
+            b.store(hit, b.const(False, u1))
+    with b.at(Block()) as tail:
+        for buf, acc, at, hit in sums.values():
+            br = b.if_(b.load(hit))
+            with b.at(br.blocks[0]):
+                idx = b.load(at)
+                old = b.emit(Op.GLOBAL_LOAD, [idx], buf.dtype, buf, name=buf.name.replace(".", "_"))
+                b.emit(Op.GLOBAL_STORE, [idx, b.add(old, b.load(acc))], None, buf)
+    out.body.stmts = head.stmts + out.body.stmts + tail.stmts
+    return out
