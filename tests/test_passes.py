@@ -508,6 +508,25 @@ def test_mem2reg_forwards_stores_within_a_block_and_drops_overwritten_and_stored
     assert Op.LOCAL_LOAD not in [s.op for s in else_block.stmts]
 
 
+def test_mem2reg_keeps_a_store_the_block_may_be_left_after():
+    """v = k; if v > 1: break; v = 99 in a loop: the first store is read after the loop when the
+    break is taken, so it is not dead although the block stores v again."""
+    from wgpu_ad.passes.mem2reg import mem2reg
+    out = buf("out", i32)
+    k, b = serial_kernel(out)
+    v = b.alloca(i32, "v")
+    loop = b.range_for(b.const(0, i32), b.const(4, i32))
+    with b.at(loop.blocks[0]):
+        b.store(v, b.loop_index(loop))
+        br = b.if_(b.emit(Op.GT, [b.load(v), b.const(1, i32)]))
+        with b.at(br.blocks[0]):
+            b.emit(Op.BREAK)
+        b.store(v, b.const(99, i32))
+    store(b, out, b.const(0, i32), b.load(v))
+    k = check_pass(k, mem2reg, [([np.zeros(1, np.int32)], [])])
+    assert run_all(k, [([np.zeros(1, np.int32)], [])])[0][0][0][0] == 2
+
+
 # ---- utilities and the pipeline ------------------------------------------------------------
 
 def test_replace_uses_rewrites_operands_and_task_bounds():

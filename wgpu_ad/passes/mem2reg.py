@@ -13,7 +13,8 @@ The stored values take the variable's name, for readable WGSL.
 
 Any other variable is still straight-line code between the nested blocks that touch it, in each
 block (`_forward_in_blocks`): a load after a store in the same block reads the stored value; a
-store overwritten in the same block before any read is dead; storing back the value loaded from
+store overwritten in the same block before any read, and before anything that may leave the
+block (a break, continue or return, also inside a nested block), is dead; storing back the value loaded from
 the variable, with no store in between, changes nothing. The adjoint's reverse of `f = f + s`,
 when only f is active, is `g = f_adj; f_adj = 0; f_adj = g`: it goes away, and with it the `if`
 around it (in a stencil gather, passes/autodiff/stencil.py, the other springs' branches).
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from ..ir.nodes import Block, Kernel, Stmt
 from ..ir.ops import Op
-from ..ir.utils import adopt_name, kernel_blocks, make_const, substitute
+from ..ir.utils import TERMINATORS, adopt_name, kernel_blocks, make_const, substitute
 from ..ir.semantics import to_scalar
 
 
@@ -89,17 +90,29 @@ def _touched(s: Stmt, memo: dict) -> set:
     return got
 
 
+def _exits(s: Stmt, memo: dict) -> bool:
+    """Whether a break, continue or return is anywhere inside a statement with blocks."""
+    got = memo.get(id(s))
+    if got is None:
+        got = memo[id(s)] = any(x.op in TERMINATORS or (x.blocks and _exits(x, memo))
+                                for b in s.blocks for x in b.stmts)
+    return got
+
+
 def _forward_in_blocks(kernel: Kernel) -> None:
     """Store-to-load forwarding and dead stores within each block (module docstring)."""
     mapping: dict[Stmt, Stmt] = {}
     dead: set[int] = set()
     memo: dict = {}
+    exits: dict = {}
     for blk in kernel_blocks(kernel):
         value: dict[int, Stmt] = {}    # variable -> the value its last store in this block wrote
         unread: dict[int, Stmt] = {}   # variable -> its last store, not read since
         version: dict[int, int] = {}   # variable -> stores and barriers seen so far
         loaded: dict[int, tuple] = {}  # load -> (variable, its version then)
         for s in blk.stmts:
+            if s.op in TERMINATORS or (s.blocks and _exits(s, exits)):
+                unread.clear()  # the block may be left here: every stored value may be read
             if s.blocks or s.op not in (Op.LOCAL_LOAD, Op.LOCAL_STORE):
                 hit = _touched(s, memo) if s.blocks else {id(a) for a in s.args if a.op is Op.ALLOCA}
                 for a in hit:  # a barrier: the variable may be read or written there

@@ -60,14 +60,14 @@ the corners, which receive nothing.
 
 When it pays. On GPUs (Runtime.min_parallel is None) the gather is made whenever it is proven:
 it trades float atomics for a replay of one term per group, and the gathered contributions to an
-element are summed in one thread in a fixed order (the same bits on every run). On CPU adapters it
-is not made by default: it costs more than the atomics it removes. Measured on lavapipe (2 cores,
-native atomic<f32>), the cloth step's adjoint at n=64: 1.8 ms scattering with atomics; gathering,
-1.4 ms for the usual adjoint (the center load x[t, i, j] still needs every spring) plus 3.5-3.9 ms
-for the gather, about 0.45 ms per group, where each group reloads x[p], the gradients of p's
-outputs and x[w] (memory accesses are llvmpipe's dominant cost: the scatter makes 3 loads and 3
-atomics per spring, a group 12 loads and the replay). With compare-exchange atomics the scatter
-still wins (cloth n=64 fwd+bwd, 200 steps: 1.2-1.3 s scattering, 1.6 s gathering).
+element are summed in one thread in a fixed order (the same bits on every run). On CPU adapters
+it is not made by default: it costs more than the atomics it removes. On lavapipe (2 cores,
+native atomic<f32>) the cloth step's adjoint at n=64 takes 1.2-2.0 ms scattering; gathering,
+1.4 ms for the usual adjoint (the center load x[t, i, j] still needs every spring) plus 3.5-3.9
+ms for the gather, about 0.45 ms per group: each group reloads x[p], the gradients of p's outputs
+and x[w], and memory accesses are llvmpipe's dominant cost (the scatter makes 3 loads and 3
+atomics per spring, a group 12 loads besides its replay). With compare-exchange atomics the
+scatter still wins (cloth n=64 fwd+bwd, 200 steps: 1.2-1.3 s scattering, 1.4-1.6 s gathering).
 ti.set_compile_options(stencil_gather=True / False) forces it either way (the tests run it on
 lavapipe that way).
 """
