@@ -146,9 +146,10 @@ def gather_split(t: Task, orig: Task, loop_dims: dict, flags: set, grads: dict) 
 
 
 def _domain(orig: Task, loop_dims: dict):
-    """Per parallel dimension d: the range [lo, hi) (inclusive hi - 1) of the statement loop_dims
-    names as dimension d, and the extents that linearize the task's index (None for one
-    dimension, whose index is that statement itself)."""
+    """Per parallel dimension d, the inclusive range [lo, hi] of the statement loop_dims names as
+    dimension d; the extents that linearize the task's index (None for one dimension, whose index
+    is that statement itself); and those statements. None when the task's index is not decoded
+    the frontend's way or its range is not constant."""
     dims: dict[int, Stmt] = {}
     for s, (task, d) in loop_dims.items():
         if task is orig:
