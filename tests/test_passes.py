@@ -462,6 +462,71 @@ def test_dce_removes_empty_control_flow_and_unreachable_code():
     assert Op.LT not in ops_of(k)
 
 
+def test_dce_removes_a_variable_read_only_to_update_itself():
+    """f += sin(x) under an `if`, f then only feeding a dead value: the loads of f feed only its
+    own stores, a cycle the use counts cannot break; the mark-and-sweep drops f, the sin and the
+    IF, and keeps what the store needs."""
+    out = buf("out", f32)
+    k, b = serial_kernel(out)
+    x = load(b, out, b.const(0, i32))
+    f, g = b.alloca(f32, "f"), b.alloca(f32, "g")
+    b.store(f, b.const(0.0, f32))
+    b.store(g, x)
+    br = b.if_(b.emit(Op.GT, [x, b.const(0.0, f32)]))
+    with b.at(br.blocks[0]):
+        b.store(f, b.add(b.load(f), b.emit(Op.SIN, [x])))
+        b.store(g, b.mul(b.load(g), x))
+    b.mul(b.load(f), b.const(2.0, f32))                      # f's only other use: dead
+    store(b, out, b.const(1, i32), b.load(g))
+    k = check_pass(k, dce, [([np.array([v, 0], np.float32)], []) for v in (0.5, -0.5)])
+    assert f not in walk_kernel(k) and Op.SIN not in ops_of(k)
+    assert g in walk_kernel(k) and count(k, Op.IF) == 1 and count(k, Op.GLOBAL_STORE) == 1
+
+
+def test_mem2reg_forwards_stores_within_a_block_and_drops_overwritten_and_stored_back_values():
+    """In a block: a load after a store reads the stored value, a store overwritten before any
+    read is dead, and storing back the value just loaded changes nothing (the reverse of
+    `f = f + s` when only f is active), while a variable touched in a nested block stays."""
+    from wgpu_ad.passes.mem2reg import mem2reg
+    out = buf("out", f32)
+    k, b = serial_kernel(out)
+    x = load(b, out, b.const(0, i32))
+    v = b.alloca(f32, "v")
+    br = b.if_(b.emit(Op.GT, [x, b.const(0.0, f32)]))       # v is touched in two blocks
+    with b.at(br.blocks[0]):
+        b.store(v, x)
+    with b.at(br.blocks[1]):
+        b.store(v, b.emit(Op.NEG, [x]))
+        old = b.load(v)
+        b.store(v, b.const(0.0, f32))                        # overwritten before any read
+        b.store(v, old)                                      # stores back what v holds
+        b.store(v, b.add(b.load(v), b.const(1.0, f32)))      # the load reads -x
+    store(b, out, b.const(1, i32), b.load(v))
+    k = check_pass(k, mem2reg, [([np.array([v_, 0], np.float32)], []) for v_ in (0.5, -0.5)])
+    else_block = [s for s in walk_kernel(k) if s.op is Op.IF][0].blocks[1]
+    assert [s.op for s in else_block.stmts].count(Op.LOCAL_STORE) == 1
+    assert Op.LOCAL_LOAD not in [s.op for s in else_block.stmts]
+
+
+def test_mem2reg_keeps_a_store_the_block_may_be_left_after():
+    """v = k; if v > 1: break; v = 99 in a loop: the first store is read after the loop when the
+    break is taken, so it is not dead although the block stores v again."""
+    from wgpu_ad.passes.mem2reg import mem2reg
+    out = buf("out", i32)
+    k, b = serial_kernel(out)
+    v = b.alloca(i32, "v")
+    loop = b.range_for(b.const(0, i32), b.const(4, i32))
+    with b.at(loop.blocks[0]):
+        b.store(v, b.loop_index(loop))
+        br = b.if_(b.emit(Op.GT, [b.load(v), b.const(1, i32)]))
+        with b.at(br.blocks[0]):
+            b.emit(Op.BREAK)
+        b.store(v, b.const(99, i32))
+    store(b, out, b.const(0, i32), b.load(v))
+    k = check_pass(k, mem2reg, [([np.zeros(1, np.int32)], [])])
+    assert run_all(k, [([np.zeros(1, np.int32)], [])])[0][0][0][0] == 2
+
+
 # ---- utilities and the pipeline ------------------------------------------------------------
 
 def test_replace_uses_rewrites_operands_and_task_bounds():

@@ -179,7 +179,9 @@ def compile_adjoint(fwd: Compiled, grads: tuple, opts: CompileOptions, zero: tup
     def make_ir() -> Kernel:
         if not made:
             adj, info = reverse_kernel(fwd.ir, lambda b: by_source.get(b.source), opts.ad_stack_size, zero,
-                                       transpose=opts.min_parallel, fuse=fused, check_nan=opts.check_nan)
+                                       transpose=opts.min_parallel, fuse=fused, check_nan=opts.check_nan,
+                                       stencils=opts.stencil_gather if opts.stencil_gather is not None
+                                       else opts.min_parallel is None)
             made.append((_optimize(adj, opts), info))
         return made[0]
     ck = slot.load() if slot is not None else None

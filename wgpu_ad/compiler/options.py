@@ -50,6 +50,9 @@ class CompileOptions:
     # element and the operation whose derivative made it (nan_check.py); on with debug
     check_nan: bool = False
     fuse_adjoint: bool = True           # a tape's last launch may run fused with its adjoint
+    # the adjoints of stencils gather instead of scattering with atomics (passes/autodiff/stencil.py):
+    # None = on GPUs only; on lavapipe the replays cost more than the atomics they remove
+    stencil_gather: bool | None = None
     print_ir: bool = False              # print the IR after every pass (or WGPU_AD_PRINT_IR=1)
     print_wgsl: bool = False            # print the generated WGSL (or WGPU_AD_PRINT_WGSL=1)
     offline_cache: bool = True          # compiled kernels on disk (compiler/cache.py)
@@ -66,7 +69,7 @@ class CompileOptions:
     def key(self) -> tuple:
         """What decides the compiler's output (printing and the cache folder do not)."""
         return (self.debug, self.float_atomics, self.subgroups, self.min_parallel, self.grid_cap,
-                self.reduce_grid_cap, self.ad_stack_size, self.loop_check, self.check_nan)
+                self.reduce_grid_cap, self.ad_stack_size, self.loop_check, self.check_nan, self.stencil_gather)
 
 
 def _env(name: str) -> bool:
@@ -116,6 +119,8 @@ def set_options(**changes) -> CompileOptions:
         cap = changes.get(knob, 1)
         if not (isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1):
             raise WgpuAdError(f"{knob}={cap!r}: expected a positive integer")
+    if changes.get("stencil_gather") not in (None, True, False):
+        raise WgpuAdError(f"stencil_gather={changes['stencil_gather']!r}: expected True, False or None (automatic)")
     _user.update(changes)
     _current.clear()
     return current()

@@ -118,8 +118,10 @@ class KernelContext:
             else:
                 self.storages.append(obj)
                 source = plan.Field(len(self.storages) - 1)
+            shape = None if isinstance(obj, Scratch) else tuple(obj.shape)
             buf = Buffer(name, obj.dtype, source, grad=bool(getattr(obj, "is_grad", False)),
-                         vector=int(getattr(obj, "element_size", 1)))
+                         vector=int(getattr(obj, "element_size", 1)),
+                         shape=shape if shape is not None and all(isinstance(e, int) for e in shape) else None)
             self.buffers[id(obj)] = buf
             self.kernel.buffers.append(buf)
         return buf

@@ -54,6 +54,8 @@ class Buffer:
     ndarray, or its gradient or dual). The IR holds no live objects. `grad` marks gradient storage.
     `vector`: scalars per element (a vector or matrix field's, an ndarray's): the buffer holds a
     whole number of them, so the code generator may read it as an array of vectors.
+    `shape`: a field's shape when it is known at compile time (element positions per dimension,
+    for analyses such as passes/autodiff/stencil.py), else None (ndarrays).
     """
 
     name: str
@@ -61,6 +63,7 @@ class Buffer:
     source: Any
     grad: bool = False
     vector: int = 1
+    shape: tuple | None = None
 
     def __repr__(self) -> str:
         return f"@{self.name}"

@@ -5,7 +5,11 @@ Removes, until nothing changes:
     their values is after them in that block, so unreachable too);
   - pure values and memory reads whose value is unused;
   - local variables that are never read: the ALLOCA and all its stores;
-  - IFs with two empty blocks and RANGE_FORs with an empty body (their operands are pure values).
+  - IFs with two empty blocks and RANGE_FORs with an empty body (their operands are pure values);
+  - then, in one mark-and-sweep, whatever no effect needs (`_useful`): a variable read only to
+    compute what is stored back into it or into other such variables (`f += spring(k)` in an
+    adjoint's replay whose result is not needed) goes with all its stores, and IFs and RANGE_FORs
+    with nothing needed inside. The sweep above cannot see those cycles.
 Effects (global stores, atomics, RANDOM draws, asserts, returns, WHILE loops) always stay.
 """
 from __future__ import annotations
@@ -20,7 +24,60 @@ def dce(kernel: Kernel) -> Kernel:
         _drop_unreachable(block)
     while _sweep_kernel(kernel):
         pass
+    useful = _useful(kernel)
+    for task in kernel.tasks:
+        _drop_useless(task.body, useful)
+        _drop_useless(task.bounds, useful)
     return kernel
+
+
+_REMOVABLE = PURE | READS | frozenset({Op.ALLOCA, Op.LOCAL_STORE, Op.IF, Op.RANGE_FOR})
+
+
+def _useful(kernel: Kernel) -> set:
+    """The statements some effect needs: the effects, their operands, the stores of the variables
+    they read, the IFs and loops around them, transitively."""
+    parent: dict[Stmt, Stmt] = {}
+    stores: dict[Stmt, list] = {}
+    todo: list = []
+
+    def scan(block: Block, around: Stmt | None) -> None:
+        for s in block.stmts:
+            if around is not None:
+                parent[s] = around
+            if s.op is Op.LOCAL_STORE:
+                stores.setdefault(s.args[0], []).append(s)
+            if s.op not in _REMOVABLE:
+                todo.append(s)
+            for b in s.blocks:
+                scan(b, s)
+    for t in kernel.tasks:
+        for blk in (t.bounds, t.body, t.epilogue):
+            scan(blk, None)
+        todo.extend(a for a in (t.begin, t.end) if a is not None)
+        todo.extend(t.epilogue.stmts)
+    useful: set = set()
+    while todo:
+        s = todo.pop()
+        if s in useful:
+            continue
+        useful.add(s)
+        for k, a in enumerate(s.args):
+            todo.append(a)
+            if a.op is Op.ALLOCA and not (k == 0 and s.op is Op.LOCAL_STORE):
+                todo.extend(stores.get(a, ()))  # the variable is read: all its stores count
+        if s in parent:
+            todo.append(parent[s])
+        if isinstance(s.attr, Stmt):  # a serial loop's index: the loop
+            todo.append(s.attr)
+    return useful
+
+
+def _drop_useless(block: Block, useful: set) -> None:
+    block.stmts[:] = [s for s in block.stmts if s in useful or s.op not in _REMOVABLE]
+    for s in block.stmts:
+        for b in s.blocks:
+            _drop_useless(b, useful)
 
 
 def _drop_unreachable(block: Block) -> None:

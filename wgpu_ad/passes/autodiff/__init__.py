@@ -13,11 +13,12 @@ from .checks import check_differentiable, runtime_checks
 from ...ir.clone import clone_kernel
 from .demote import demote_atomics, task_buffers
 from .forward import dual_kernel
-from .fuse import NotFusable, check_fusable, fused_access
+from .fuse import Fused, NotFusable, check_fusable, fused_access
 from .nancheck import NanChecks
 from .normalize import normalize_task
 from .promote import promote_elements, snapshot_loads
 from .reverse import AdjointEmitter
+from .stencil import gather_split, merge_groups
 from .transpose import split_pair_task
 
 DEFAULT_STACK_SIZE = 256  # loops bounded by constants or arguments are sized exactly or per launch
@@ -48,7 +49,8 @@ def prepare_in_place(kernel: Kernel) -> tuple[Kernel, list, frozenset]:
     bases, redirected = [], set()
     for loads in found.values():
         base = loads[0].attr
-        snap = Buffer(base.name + "_before", base.dtype, plan.Snapshot(len(bases)), vector=base.vector)
+        snap = Buffer(base.name + "_before", base.dtype, plan.Snapshot(len(bases)), vector=base.vector,
+                      shape=base.shape)
         k.buffers.append(snap)
         bases.append((mapping.get(id(base), base), snap))
         for load in loads:
@@ -59,7 +61,7 @@ def prepare_in_place(kernel: Kernel) -> tuple[Kernel, list, frozenset]:
 
 def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
                    stack_size: int = DEFAULT_STACK_SIZE, zero: tuple = (), transpose: int | None = None,
-                   fuse: bool = False, check_nan: bool = False) -> tuple[Kernel, AdjointInfo]:
+                   fuse: bool = False, check_nan: bool = False, stencils: bool = True) -> tuple[Kernel, AdjointInfo]:
     """The adjoint kernel of `kernel` (its tasks reversed, each replaced by its adjoint), and
     its AdjointInfo.
 
@@ -75,6 +77,8 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     NotFusable when that cannot be done.
     check_nan: every contribution to a gradient is checked to be finite, and the operation whose
     derivative first was not is reported (nancheck.py; the kernel's checks share one list of sites).
+    stencils: the adjoints of stencils gather their neighbours' gradients instead of scattering them
+    with atomics (stencil.py).
     """
     k, bases, redirected = prepare_in_place(kernel)
     # what cannot be proven safe for every input is checked by the forward launch instead
@@ -124,14 +128,22 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     for t, orig in zip(reversed(k.tasks), reversed(kernel.tasks)):
         tg = task_grads(orig)
         split = split_pair_task(t, orig, flags[id(t)], tg, transpose) if transpose is not None else None
+        gather = gather_split(t, orig, kernel.loop_dims, flags[id(t)], tg) if stencils and split is None else None
         effects = fuse and not adjoints  # the last task: its adjoint does the forward's writes too
-        em = AdjointEmitter(k, tg, stack_size, flags[id(t)] if split is None else frozenset(),
-                            skip=split.skip if split is not None else frozenset(),
+        skip = split.skip if split is not None else gather.skip if gather is not None else frozenset()
+        em = AdjointEmitter(k, tg, stack_size, flags[id(t)] if split is None else frozenset(), skip=skip,
                             double=split.double if split is not None else frozenset(), effects=effects,
                             nan=checks())
-        adjoints.append((em.task(t), orig, kernel.loop_dims))
+        main = em.task(t)
+        if gather is not None:  # runs first: it reads the outputs' gradients the main adjoint consumes
+            gt = merge_groups([AdjointEmitter(k, tg, stack_size, skip=skip_g, nan=checks(), consume=False).task(g)
+                               for g, skip_g in zip(gather.tasks, gather.skip_gather)], gather)
+            adjoints.append((gt, gather.marker, {}))
+        adjoints.append((main, orig, kernel.loop_dims))
         if effects:
-            fused = fused_access(adjoints[-1][0], em.kept)
+            fused = fused_access(main, em.kept)
+            if gather is not None:
+                fused = _merged(fused, fused_access(gt, set()))
         if split is not None and split.transposed is not None:
             adjoints.append((AdjointEmitter(k, tg, stack_size, skip=split.skip_transposed,
                                             nan=checks()).task(split.transposed),
@@ -154,6 +166,14 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
                                                (fused.primal_reads, fused.grad_reads, fused.fwd_writes,
                                                 fused.adj_writes)))
     return out, info
+
+
+def _merged(a: Fused, b: Fused) -> Fused:
+    """The buffers of two tasks of a fused kernel, by kind (the launcher checks them together)."""
+    def union(x, y):
+        return list({id(buf): buf for buf in x + y}.values())
+    return Fused(*(union(getattr(a, f), getattr(b, f))
+                   for f in ("primal_reads", "grad_reads", "fwd_writes", "adj_writes")))
 
 
 __all__ = ["reverse_kernel", "dual_kernel", "AdjointInfo", "DEFAULT_STACK_SIZE", "clone_kernel", "NotFusable",

@@ -30,11 +30,14 @@ class AdjointEmitter(RuleBuilder):
 
     def __init__(self, kernel: Kernel, grads: dict[int, Buffer], stack_size: int, flags: set = frozenset(),
                  skip: set = frozenset(), double: set = frozenset(), effects: bool = False,
-                 nan: NanChecks | None = None):
+                 nan: NanChecks | None = None, consume: bool = True):
         self.kernel = kernel
         self.nan = nan                  # the NaN / Inf checks (check_nan), or None
         self.skip = skip                # ids of global loads left out of the differentiation
         self.double = double            # ids of global loads whose gradient counts twice (symmetry.py)
+        # a store's reverse sets the stored element's gradient to zero (consumes it); a gather task
+        # (stencil.py), which runs before the task's own adjoint, reads it and leaves that to it
+        self.consume = consume
         # the replay also does the forward's global writes (fuse.py: forward and adjoint in one
         # task), once per forward execution: in the first replay, or, for a serial loop whose
         # iterations share no state, in the replay of each iteration by its reverse loop (the
@@ -236,7 +239,8 @@ class AdjointEmitter(RuleBuilder):
                     # the store consumes the element's adjoint: the value before it was
                     # overwritten, so its gradient is zero (what an earlier write of the element,
                     # in this kernel or an earlier one, must see in the backward pass; Taichi's rule)
-                    b.emit(Op.GLOBAL_STORE, [idx, b.const(0.0, f32)], None, gbuf)
+                    if self.consume:
+                        b.emit(Op.GLOBAL_STORE, [idx, b.const(0.0, f32)], None, gbuf)
             elif op is Op.ATOMIC:
                 self.rev_atomic(s)
             elif op in RULES and id(s) in self.active:
