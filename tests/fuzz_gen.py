@@ -70,6 +70,7 @@ class _Kernel:
     loop: str = "map"                              # "map", "pair" or "reduce"
     args: list = field(default_factory=list)
     reads: set = field(default_factory=set)        # fields read
+    flat: bool = False                             # no serial loops: a stencil's body (gatherable adjoint)
 
 
 class _Scope:
@@ -310,8 +311,10 @@ class Generator:
             u = self.fresh("u")
             self.emit(depth, f"{u} = {self.vexpr(sc)}")
             sc.vectors.append(u)
-        elif r < 0.55 and nest < 2:
+        elif r < 0.55 and nest < 2 and not self.k.flat:
             self.serial_loop(sc, depth, targets, nest)
+        elif r < 0.55 and self.k.flat:
+            self.neighbour_read(sc, depth)
         elif r < 0.72 and nest < 2:
             self.if_else(sc, depth, targets, nest)
         elif r < 0.82:
@@ -355,34 +358,42 @@ class Generator:
         sc.scalars.append(acc)
 
     def neighbour_read(self, sc: _Scope, depth: int) -> None:
-        """A stencil read: a field the kernel does not write, at the parallel index plus a constant
-        offset, under a bounds check (two-sided, one-sided, or with a condition on data added), as
-        `x[t, i + di, j + dj]` in a simulation step (a read-only field: no race whatever the index)."""
+        """Stencil reads: a field the kernel does not write, at the parallel index plus one or two
+        constant offsets, each under a bounds check (two-sided, one-sided, or with a condition on
+        data added), and often at the index itself too, as `x[t, i + di, j + dj]` and `x[t, i, j]`
+        in a simulation step (a read-only field: no race whatever the index)."""
         opts = [(name, kind) for name, kind in self.kinds.items()
                 if self.readable(name) and name not in self.k.stored and kind in ("s", "v", "m")]
         if not opts:
             return
         name, kind = self.pick(opts)
         self.k.reads.add(name)
+        comp = self.pick(["[0]", "[1]", ".x", ".y"]) if kind == "v" else ""
         dims = [sc.idx[0]] if kind != "m" else [sc.idx[0], sc.idx[-1] if len(sc.idx) > 1 else None]
-        subs, guards = [], []
-        for ix in dims:
-            if ix is None:   # the second index of m in a 1-D loop: any valid index
-                subs.append(self.index(sc))
-                continue
-            c = int(self.pick([-2, -1, 1, 2]))
-            e = f"{ix} + {c}" if c > 0 else f"{ix} - {-c}"
-            subs.append(e)
-            guards.append(self.pick([f"0 <= {e} < {self.n}", f"{e} < {self.n}" if c > 0 else f"{e} >= 0",
-                                     f"{e} >= 0 and {e} < {self.n}" if c < 0 else f"{ix} < {self.n - c}"]))
-        if self.chance(0.25):
-            guards.append(self.cond(sc))
-        read = f"{name}[{', '.join(subs)}]" + (self.pick(["[0]", "[1]", ".x", ".y"]) if kind == "v" else "")
+        other = [self.index(sc) if ix is None else None for ix in dims]  # m's second index in a 1-D loop
         r = self.fresh("r")
         self.emit(depth, f"{r} = {self.expr(sc, 1)}")
-        self.emit(depth, f"if {' and '.join(guards)}:")
-        self.emit(depth + 1, f"{r} = {r} * 0.5 + {self.pick(['ti.sin', 'ti.tanh', ''])}({read}) * "
-                             f"{self.expr(sc, 1)}")
+        if self.chance(0.6):   # the element of the thread's own index as well
+            own = ", ".join(o if ix is None else ix for ix, o in zip(dims, other))
+            self.emit(depth, f"{r} = {r} + {self.const(0.2, 0.8)} * {name}[{own}]{comp}")
+        for c0 in self.rng.choice([-2, -1, 1, 2], size=int(self.rng.integers(1, 3)), replace=False):
+            subs, guards = [], []
+            for ix, o in zip(dims, other):
+                if ix is None:
+                    subs.append(o)
+                    continue
+                c = int(c0) if ix == dims[0] else int(self.pick([-1, 0, 1]))
+                e = ix if c == 0 else f"{ix} + {c}" if c > 0 else f"{ix} - {-c}"
+                subs.append(e)
+                if c:
+                    guards.append(self.pick([f"0 <= {e} < {self.n}", f"{e} < {self.n}" if c > 0 else f"{e} >= 0",
+                                             f"{e} >= 0 and {e} < {self.n}" if c < 0 else f"{ix} < {self.n - c}"]))
+            if self.chance(0.25):
+                guards.append(self.cond(sc))
+            read = f"{name}[{', '.join(subs)}]{comp}"
+            self.emit(depth, f"if {' and '.join(guards)}:")
+            self.emit(depth + 1, f"{r} = {r} * 0.5 + {self.pick(['ti.sin', 'ti.tanh', ''])}({read}) * "
+                                 f"{self.expr(sc, 1)}")
         sc.scalars.append(r)
 
     def if_else(self, sc: _Scope, depth: int, targets, nest: int) -> None:
@@ -430,7 +441,7 @@ class Generator:
     def kernel(self) -> None:
         name = self.fresh("k")
         kind = self.pick(["map", "map", "pair", "reduce"])
-        self.k = _Kernel(loop=kind)
+        self.k = _Kernel(loop=kind, flat=kind == "map" and self.chance(0.4))
         if self.chance(0.25):
             self.k.args = ["c0"]
         targets = self.choose_targets(kind == "pair")

@@ -464,3 +464,50 @@ def test_gather_in_debug_mode_with_nan_checks():
     assert_grad(g, want, what="x.grad")
     assert _gathered(blur)
     assert not _atomic_grad(blur, "x")
+
+
+def test_an_output_stored_twice_keeps_the_scatter():
+    """A stencil whose body stores its output element twice (an update in place, then again):
+    the first store's adjoint must see zero, the gradient the second consumed, which a gather
+    (reading the outputs' gradients without consuming them) cannot give, so the atomic adjoint
+    stays; the gradient against float64 central differences (tests/test_fuzz.py seed 249)."""
+    _init()
+    n = 5
+    a = ti.field(ti.f32, shape=n, needs_grad=True)
+    y = ti.field(ti.f32, shape=n, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def step():
+        for i in y:
+            r = 0.45 * a[i]
+            if i + 1 < n:
+                r = r * 0.5 + ti.sin(a[i + 1])
+            if i - 1 >= 0:
+                r = r * 0.5 + ti.sin(a[i - 1])
+            y[i] = 0.5 * y[i] + r
+            y[i] = ti.sin(y[i]) + r
+
+    @ti.kernel
+    def total():
+        for i in range(n):
+            loss[None] += y[i] * y[i] * (i + 1.0)
+
+    def ref(a_, y_):
+        r = 0.45 * a_
+        r[:-1] = r[:-1] * 0.5 + np.sin(a_[1:])
+        r[1:] = r[1:] * 0.5 + np.sin(a_[:-1])
+        y1 = np.sin(0.5 * y_ + r) + r
+        return float((y1 * y1 * (np.arange(n) + 1.0)).sum())
+
+    rng = np.random.default_rng(5)
+    av, yv = rng.uniform(-1, 1, n).astype(np.float32), rng.uniform(-1, 1, n).astype(np.float32)
+    a.from_numpy(av)
+    y.from_numpy(yv)
+    with ti.ad.Tape(loss=loss):
+        step()
+        total()
+    want_a, want_y = central_diffs(ref, [av, yv])
+    assert_grad(a.grad.to_numpy(), want_a, what="a.grad")
+    assert_grad(y.grad.to_numpy(), want_y, what="y.grad")
+    assert not _gathered(step)

@@ -46,6 +46,9 @@ Why no two threads write the same element, and each contribution lands where the
     differs from every gathered load of it, in some dimension, by a nonzero constant between two
     thread-uniform indices (x[t + 1, i, j] written, x[t, i + 1, j] read), and the task never
     touches the gradient buffer itself.
+  - the gather reads each output element's gradient once: the task stores each field in one
+    statement only (`x[i] = a` then `x[i] = 0.5 * x[i] + b` in one thread would need the first
+    store's adjoint to see zero, the gradient the second one consumed; found by tests/test_fuzz.py).
   - the replay of p in thread w computes what thread p computed: the body does not depend on the
     thread other than through its loop index (no random numbers, no workgroup operations), runs
     no serial loop (so it needs no stacks, and the CPU adapters' serial trailing dimensions,
@@ -120,6 +123,11 @@ def gather_split(t: Task, orig: Task, loop_dims: dict, flags: set, grads: dict) 
         return None
     if any(s.op in _REFUSED for s in walk(orig.body)):
         return None
+    # the gather reads the outputs' gradients without consuming them: right only when each output
+    # element is stored once (x[i] = a; x[i] = 0.5 * x[i] + b: the first store's adjoint must see
+    # the gradient the second one consumed, zero)
+    if not _stored_once(orig, loop_dims):
+        return None
     dom = _domain(orig, loop_dims)
     if dom is None:
         return None
@@ -143,6 +151,24 @@ def gather_split(t: Task, orig: Task, loop_dims: dict, flags: set, grads: dict) 
     if not any(ld.span is not None for ld in gathered):
         return None
     return _build(t, gathered, ranges, extents, [mine.get(id(x)) for x in dims], grads)
+
+
+def _stored_once(orig: Task, loop_dims: dict) -> bool:
+    """Every two stores of the task's body into one field provably write different elements of
+    it in a thread: their indices differ by a nonzero constant in some position (the components
+    of a vector store, x[t + 1, i] and x[t, i])."""
+    stores = [s for s in walk(orig.body) if s.op is Op.GLOBAL_STORE]
+    for k, a in enumerate(stores):
+        for b in stores[k + 1:]:
+            if a.attr is not b.attr:
+                continue
+            if a.index is None or b.index is None or len(a.index) != len(b.index):
+                return False
+            fa = [access.affine(x, loop_dims) for x in a.index]
+            fb = [access.affine(x, loop_dims) for x in b.index]
+            if not any(set(d := access._combine(x, y, -1)) == {None} and d[None] != 0 for x, y in zip(fa, fb)):
+                return False
+    return True
 
 
 def _domain(orig: Task, loop_dims: dict):
