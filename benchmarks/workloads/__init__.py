@@ -30,6 +30,32 @@ class Program:
     result: Callable[[], tuple[float, float | None]]
 
 
+def warp_program(wp, forward: Callable[[], None], loss, grads: tuple, grad_entry: Callable[[], float]) -> Program:
+    """The Program of a workload's Warp version (build_warp): "fwd" runs `forward`; "fwd+bwd"
+    clears the arrays' gradients `grads` (as ti.ad.Tape clears those it will write), records
+    `forward` on a wp.Tape and runs its backward from `loss` (a one-element array); result()
+    returns (loss, grad_entry()) after a full run."""
+
+    def fwd():
+        forward()
+        wp.synchronize()
+
+    def fwd_bwd():
+        for a in grads:
+            a.grad.zero_()
+        tape = wp.Tape()
+        with tape:
+            forward()
+        tape.backward(loss=loss)
+        wp.synchronize()
+
+    def result():
+        fwd_bwd()
+        return float(loss.numpy()[0]), grad_entry()
+
+    return Program({"fwd": fwd, "fwd+bwd": fwd_bwd}, result)
+
+
 @dataclass(frozen=True)
 class Case:
     workload: str

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from . import Program
+from . import Program, warp_program
 
 MODES = ("fwd", "fwd+bwd")
 UNIT = "ms"
@@ -222,24 +222,7 @@ def build_warp(wp, p: dict, inp: dict) -> Program:
             wp.launch(step, dim=(n, n), inputs=[x, v, t])
         wp.launch(compute_loss, dim=(n, n), inputs=[x, loss])
 
-    def fwd():
-        forward()
-        wp.synchronize()
-
-    def fwd_bwd():
-        x.grad.zero_()  # as ti.ad.Tape clears the gradients it will write
-        v.grad.zero_()
-        tape = wp.Tape()
-        with tape:
-            forward()
-        tape.backward(loss=loss)
-        wp.synchronize()
-
-    def result():
-        fwd_bwd()
-        return float(loss.numpy()[0]), float(v.grad.numpy()[0, c, c, 0])
-
-    return Program({"fwd": fwd, "fwd+bwd": fwd_bwd}, result)
+    return warp_program(wp, forward, loss, (x, v), lambda: float(v.grad.numpy()[0, c, c, 0]))
 
 
 def _simulate(p: dict, x0: np.ndarray, v0: np.ndarray) -> float:

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from . import Program
+from . import Program, warp_program
 
 MODES = ("fwd", "fwd+bwd")
 UNIT = "ms"
@@ -90,22 +90,8 @@ def build_warp(wp, p: dict, inp: dict) -> Program:
     x = wp.array(inp["x"], dtype=wp.float32, requires_grad=True)
     loss = wp.zeros(1, dtype=wp.float32, requires_grad=True)
 
-    def fwd():
+    def forward():
         loss.zero_()
         wp.launch(sum_sq, dim=n, inputs=[x, loss])
-        wp.synchronize()
 
-    def fwd_bwd():
-        x.grad.zero_()  # as ti.ad.Tape clears the gradients it will write
-        loss.zero_()
-        tape = wp.Tape()
-        with tape:
-            wp.launch(sum_sq, dim=n, inputs=[x, loss])
-        tape.backward(loss=loss)
-        wp.synchronize()
-
-    def result():
-        fwd_bwd()
-        return float(loss.numpy()[0]), float(x.grad.numpy()[7])
-
-    return Program({"fwd": fwd, "fwd+bwd": fwd_bwd}, result)
+    return warp_program(wp, forward, loss, (x,), lambda: float(x.grad.numpy()[7]))

@@ -9,7 +9,7 @@ threads of a workgroup hit a few nodes many times)."""
 
 import numpy as np
 
-from . import Program
+from . import Program, warp_program
 
 MODES = ("fwd", "fwd+bwd")
 UNIT = "ms"
@@ -169,24 +169,7 @@ def build_warp(wp, p: dict, inp: dict) -> Program:
         wp.launch(p2g, dim=n, inputs=[x, pv, grid_m, grid_mv])
         wp.launch(compute_loss, dim=(g, g), inputs=[grid_m, grid_mv, loss])
 
-    def fwd():
-        forward()
-        wp.synchronize()
-
-    def fwd_bwd():
-        for a in (x, grid_m, grid_mv):  # as ti.ad.Tape clears the gradients it will write
-            a.grad.zero_()
-        tape = wp.Tape()
-        with tape:
-            forward()
-        tape.backward(loss=loss)
-        wp.synchronize()
-
-    def result():
-        fwd_bwd()
-        return float(loss.numpy()[0]), float(x.grad.numpy()[1][0])
-
-    return Program({"fwd": fwd, "fwd+bwd": fwd_bwd}, result)
+    return warp_program(wp, forward, loss, (x, grid_m, grid_mv), lambda: float(x.grad.numpy()[1][0]))
 
 
 def _weights(fx):

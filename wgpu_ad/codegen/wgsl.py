@@ -544,10 +544,15 @@ class TaskEmitter:
             self.line(1, f"// {part}")
             self.line(1, f"for (var iter = thread_id; iter < range_count; {stride}) {{")
         self.iteration("iter", 2)
-        if self.opts.loop_check and not self.one_pass:
+        self.end_grid_loop("iter", "range_count", stride, checked=self.opts.loop_check and not self.one_pass)
+
+    def end_grid_loop(self, var: str, count: str, stride: str, checked: bool) -> None:
+        """Close a grid-stride loop; checked (loop_check): a `loop` whose stop by the driver's
+        iteration limit before `var` reached `count` is reported."""
+        if checked:
             self.line(2, f"continuing {{ {stride}; }}")
             self.line(1, "}")
-            self.line(1, f"if iter < range_count {{ atomicMax(&{ERR_VAR}[{LOOP_LIMIT_WORD}], 1u); }}  "
+            self.line(1, f"if {var} < {count} {{ atomicMax(&{ERR_VAR}[{LOOP_LIMIT_WORD}], 1u); }}  "
                          f"// stopped by the driver")
             self.checks_loops = True
         else:
@@ -618,14 +623,7 @@ class TaskEmitter:
         for b, written in quads:
             if written:
                 self.line(2, f"{self.buf_name[id(b)]}[{at}] = {self.quads[id(b)]};")
-        if self.opts.loop_check:
-            self.line(2, f"continuing {{ {stride}; }}")
-            self.line(1, "}")
-            self.line(1, f"if quad < quad_count {{ atomicMax(&{ERR_VAR}[{LOOP_LIMIT_WORD}], 1u); }}  "
-                         f"// stopped by the driver")
-            self.checks_loops = True
-        else:
-            self.line(1, "}")
+        self.end_grid_loop("quad", "quad_count", stride, checked=self.opts.loop_check)
         self.line(1, "// the last range_count % 4 iterations")
         self.line(1, "let iter = quad_count * 4u + thread_id;")
         self.line(1, "if iter < range_count {")
