@@ -163,13 +163,16 @@ class Storage(ABC):
 
     def _attach_dual(self) -> None:
         if self._dual is None:
-            if not self.dtype.is_float:
-                raise WgpuAdError(f"{self._label()} has dtype {self.dtype}: only float fields can have "
-                                  f"duals (needs_dual=True)")
-            d = self._new_dual()
-            d.is_dual = True
-            d.primal = self
-            self._dual = d
+            self._dual = self._companion(self._new_dual, "is_dual", "duals (needs_dual=True)")
+
+    def _companion(self, new, flag: str, what: str) -> "Storage":
+        """A new gradient or dual of self (made by `new`, marked with `flag`); floats only."""
+        if not self.dtype.is_float:
+            raise WgpuAdError(f"{self._label()} has dtype {self.dtype}: only float fields can have {what}")
+        c = new()
+        setattr(c, flag, True)
+        c.primal = self
+        return c
 
     @abstractmethod
     def _new_dual(self) -> "Storage":
@@ -181,13 +184,7 @@ class Storage(ABC):
 
     def _attach_grad(self) -> None:
         if self._grad is None:
-            if not self.dtype.is_float:
-                raise WgpuAdError(f"{self._label()} has dtype {self.dtype}: only float fields can have "
-                                  f"gradients (needs_grad=True)")
-            g = self._new_grad()
-            g.is_grad = True
-            g.primal = self
-            self._grad = g
+            self._grad = self._companion(self._new_grad, "is_grad", "gradients (needs_grad=True)")
 
     # ---- shape --------------------------------------------------------------------------------
 
