@@ -166,7 +166,7 @@ def _stored_once(orig: Task, loop_dims: dict) -> bool:
                 return False
             fa = [access.affine(x, loop_dims) for x in a.index]
             fb = [access.affine(x, loop_dims) for x in b.index]
-            if not any(set(d := access._combine(x, y, -1)) == {None} and d[None] != 0 for x, y in zip(fa, fb)):
+            if not any(_const_apart(x, y) for x, y in zip(fa, fb)):
                 return False
     return True
 
@@ -312,10 +312,15 @@ def _disjoint(orig: Task, mine: dict, loop_dims: dict, grads: dict, gid: int, gr
         forms = [access.affine(x, loop_dims) for x in s.index]
         for ld in group:
             if len(forms) != len(ld.forms) or not any(
-                    access._uniform(a) and access._uniform(b) and set(d := access._combine(a, b, -1)) == {None}
-                    and d[None] != 0 for a, b in zip(forms, ld.forms)):
+                    access._uniform(a) and access._uniform(b) and _const_apart(a, b) for a, b in zip(forms, ld.forms)):
                 return False
     return True
+
+
+def _const_apart(a: dict, b: dict) -> bool:
+    """Two affine forms (access.affine) that differ by a nonzero constant: never equal."""
+    d = access._combine(a, b, -1)
+    return set(d) == {None} and d[None] != 0
 
 
 def _build(t: Task, gathered: list, ranges: list, extents: list | None, dims: list, grads: dict) -> Gather:
