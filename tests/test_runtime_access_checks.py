@@ -458,3 +458,33 @@ def test_the_checked_launch_record_names_the_storages_not_their_addresses():
     del p
     gc.collect()
     assert not scat._was_checked(key)   # the record's p is gone: no storage can match it
+
+
+def test_a_launch_in_fwd_mode_is_not_taken_for_a_checked_one():
+    """A launch inside ti.ad.FwdMode runs the dual kernel, which checks nothing: kernel.grad() by
+    hand afterwards must not trust the check of the launch before it (here the forward mode's
+    index repeats an element, which that check never saw), and says so."""
+    x = ti.field(ti.f32, shape=N, needs_grad=True, needs_dual=True, name="x")
+    y = ti.field(ti.f32, shape=N, needs_grad=True, needs_dual=True, name="y")
+    perm = ti.field(ti.i32, shape=N, name="perm")
+
+    @ti.kernel
+    def scatter():
+        for i in range(N):
+            y[perm[i]] = x[i] * x[i]
+
+    xv = np.linspace(-1, 1, N).astype(np.float32)
+    x.from_numpy(xv)
+    perm.from_numpy(np.roll(np.arange(N), 3).astype(np.int32))
+    scatter()                          # checked: x has a gradient
+    perm.from_numpy(np.array([1, 1, 1, 1, 1, 1, 1, 0], np.int32))
+    with ti.ad.FwdMode(loss=y, param=x, seed=[1.0] * N):
+        scatter()
+    assert y.dual.to_numpy()[0] == pytest.approx(2 * xv[7], rel=1e-6)   # the dual ran
+    y.grad.from_numpy(np.arange(1, N + 1, dtype=np.float32))
+    with pytest.raises(ti.WgpuAdError, match=r"scatter.grad\(\): .*latest launch with these arguments was not "
+                                             r"checked \(it ran inside ti.ad.FwdMode"):
+        scatter.grad()
+    with pytest.raises(ti.ad.DataAccessError, match=r"kernel 'scatter': y\[1\] was stored twice"):
+        scatter()                      # a checked launch again: now the repeated index is found
+        ti.sync()

@@ -271,6 +271,8 @@ class Kernel:
         if lc.ck.ret_dtype is not None and _storage.host_guard is not None:
             _storage.host_guard(self, f"the return value of kernel '{self.__name__}'")
         ret = launch(d, args + self._keep.scratch(lc, False), rt)
+        if lc.plan.shadowed:  # the dual kernel checks nothing: kernel.grad() must not trust an older check
+            self._set_checked(self._run_key(lc, args), False, in_fwd_mode=True)
         self._note_versions(lc, args)
         return ret
 
@@ -302,12 +304,16 @@ class Kernel:
         sts = [get(args) for get in lc.loads + lc.writes]
         return (id(lc), *map(id, sts)), tuple(weakref.ref(st) for st in sts)
 
-    def _set_checked(self, key: tuple, checked: bool) -> None:
-        self._checked_runs[key[0]] = (checked, key[1])
+    def _set_checked(self, key: tuple, checked: bool, in_fwd_mode: bool = False) -> None:
+        self._checked_runs[key[0]] = (checked, key[1], in_fwd_mode)
 
     def _was_checked(self, key: tuple) -> bool:
         seen = self._checked_runs.get(key[0])
         return bool(seen and seen[0] and all(a() is not None and a() is b() for a, b in zip(seen[1], key[1])))
+
+    def _ran_in_fwd_mode(self, key: tuple) -> bool:
+        seen = self._checked_runs.get(key[0])
+        return bool(seen and seen[2])
 
     def _launch(self, lc, run, args, scratch: tuple, rt, key: tuple):
         """Launch `run` (lc, whose plan has shadowed sources, or its checked variant) with fresh
@@ -335,12 +341,15 @@ class Kernel:
 
     def _require_checked(self, lc, args, external: bool = False) -> None:
         """kernel.grad(): refuse unless the latest forward launch with these storages was checked."""
-        if lc.plan.shadowed and not self._was_checked(self._run_key(lc, args, external)):
+        key = self._run_key(lc, args, external)
+        if lc.plan.shadowed and not self._was_checked(key):
+            why = ("it ran inside ti.ad.FwdMode, whose dual kernel checks nothing" if self._ran_in_fwd_mode(key)
+                   else "nothing it reads needed a gradient")
             raise WgpuAdError(
                 f"{self.__name__}.grad(): kernel '{self.__name__}' indexes a field by values the compiler "
                 f"cannot prove safe for reverse mode (read from a field, or a counter stepped conditionally), "
                 f"so its gradient is right only after a forward launch that checked them on the GPU, and its "
-                f"latest launch with these arguments was not checked (nothing it reads needed a gradient). "
+                f"latest launch with these arguments was not checked ({why}). "
                 f"Launch it inside ti.ad.Tape, or while something it reads has needs_grad=True, right before "
                 f"its .grad()")
 
@@ -391,6 +400,8 @@ class Kernel:
             ret = self._launch(lc, run, dev, self._keep.scratch(lc, taped), rt, self._run_key(lc, dev, external=True))
         else:
             ret = launch(lc, dev + self._keep.scratch(fwd, taped), rt)
+            if fwd.plan.shadowed:  # the dual kernel inside ti.ad.FwdMode: it checked nothing
+                self._set_checked(self._run_key(fwd, dev, external=True), False, in_fwd_mode=True)
         Externals.to_host(bound, lc.ck, grads=False)
         return ret
 
