@@ -44,6 +44,49 @@ def stable_dt(n: int, stiffness: float) -> float:
     return 0.35 * math.sqrt(1.0 / (n - 1) / stiffness)
 
 
+def _physics(n: int, dt: float, stiffness: float, damping: float, drag: float, friction: float):
+    """The physics both cloths share: the springs' grid offsets, and as @ti.func the force of
+    spring k on one vertex, the time step and the contacts (the parameters as in Cloth)."""
+    q = 1.0 / (n - 1)
+    cx, cy, cz, R = *SPHERE_C, SPHERE_R
+    decay, slide = math.exp(-drag * dt), math.exp(-friction * dt)
+    offs = [o for o, _ in SPRINGS]
+    ks = [stiffness * s for _, s in SPRINGS]
+    rests = [q * math.hypot(*o) for o in offs]
+    cs = [damping * 2.0 * math.sqrt(k / r) for k, r in zip(ks, rests)]
+
+    @ti.func
+    def spring(d, dv, k: ti.template()):
+        """Spring k's force on a vertex at d = x_i - x_j from its neighbour, dv = v_i - v_j."""
+        length = d.norm(1e-12)
+        u = d / length
+        return -ks[k] * (length / rests[k] - 1.0) * u - cs[k] * dv.dot(u) * u
+
+    @ti.func
+    def advance(xi, vi, f):
+        """Symplectic Euler with air drag: the new v, then the new x."""
+        vn = vi * decay + dt * f
+        return xi + dt * vn, vn
+
+    @ti.func
+    def collide(xn, vn):
+        """Sphere: project onto the surface, drop the inward normal velocity, slow the rest; the
+        ground y = 0 the same way."""
+        d = xn - ti.Vector([cx, cy, cz])
+        dist = d.norm(1e-12)
+        nrm = d / dist
+        hit = dist < R
+        vdn = vn.dot(nrm)
+        xn = ti.select(hit, ti.Vector([cx, cy, cz]) + R * nrm, xn)
+        vn = ti.select(hit, (vn - vdn * nrm) * slide + ti.max(vdn, 0.0) * nrm, vn)
+        low = xn[1] < 0.0
+        xn = ti.select(low, ti.Vector([xn[0], 0.0, xn[2]]), xn)
+        vn = ti.select(low, ti.Vector([vn[0] * slide, ti.max(vn[1], 0.0), vn[2] * slide]), vn)
+        return xn, vn
+
+    return offs, spring, advance, collide
+
+
 class Cloth:
     """An n x n cloth with `states` stored time steps; ring=True keeps two and alternates them.
 
@@ -66,12 +109,7 @@ class Cloth:
         normals = ti.Vector.field(3, ti.f32, shape=n * n)
         self.x, self.v, self.v0, self.verts, self.normals = x, v, v0, verts, normals
         self.indices, self.colors = _grid_mesh(n)
-        cx, cy, cz, R = *SPHERE_C, SPHERE_R
-        decay, slide = math.exp(-drag * dt_), math.exp(-friction * dt_)
-        offs = [o for o, _ in SPRINGS]
-        ks = [stiffness * s for _, s in SPRINGS]
-        rests = [q * math.hypot(*o) for o in offs]
-        cs = [damping * 2.0 * math.sqrt(k / r) for k, r in zip(ks, rests)]
+        offs, spring, advance, collide = _physics(n, dt_, stiffness, damping, drag, friction)
 
         @ti.kernel
         def init(t0: ti.i32):
@@ -95,31 +133,15 @@ class Cloth:
                 for k in ti.static(range(len(offs))):
                     a2, b2 = a + offs[k][0], b + offs[k][1]
                     if 0 <= a2 < n and 0 <= b2 < n:
-                        d = xi - x[t, a2, b2]
-                        length = d.norm(1e-12)
-                        u = d / length
-                        f += -ks[k] * (length / rests[k] - 1.0) * u
-                        f += -cs[k] * (vi - v[t, a2, b2]).dot(u) * u
-                vn = vi * decay + dt_ * f
-                xn = xi + dt_ * vn
+                        f += spring(xi - x[t, a2, b2], vi - v[t, a2, b2], k)
+                xn, vn = advance(xi, vi, f)
                 if ti.static(ring):  # the mouse moves the picked vertex to the cursor, at most max_speed
                     dx = target - xi
                     dx *= ti.min(1.0, max_speed * dt_ / dx.norm(1e-12))
                     mine = a * n + b == picked
                     xn = ti.select(mine, xi + dx, xn)
                     vn = ti.select(mine, dx / dt_, vn)
-                # sphere: project onto the surface, drop the inward normal velocity, slow the rest
-                d = xn - ti.Vector([cx, cy, cz])
-                dist = d.norm(1e-12)
-                nrm = d / dist
-                hit = dist < R
-                vdn = vn.dot(nrm)
-                xn = ti.select(hit, ti.Vector([cx, cy, cz]) + R * nrm, xn)
-                vn = ti.select(hit, (vn - vdn * nrm) * slide + ti.max(vdn, 0.0) * nrm, vn)
-                # ground y = 0, the same way
-                low = xn[1] < 0.0
-                xn = ti.select(low, ti.Vector([xn[0], 0.0, xn[2]]), xn)
-                vn = ti.select(low, ti.Vector([vn[0] * slide, ti.max(vn[1], 0.0), vn[2] * slide]), vn)
+                xn, vn = collide(xn, vn)
                 x[nxt, a, b] = xn
                 v[nxt, a, b] = vn
 
@@ -208,12 +230,7 @@ class InPlaceCloth:
         normals = ti.Vector.field(3, ti.f32, shape=n * n)
         self.x, self.v, self.f, self.v0, self.verts, self.normals = x, v, f, v0, verts, normals
         self.indices, self.colors = _grid_mesh(n)
-        cx, cy, cz, R = *SPHERE_C, SPHERE_R
-        decay, slide = math.exp(-drag * dt_), math.exp(-friction * dt_)
-        offs = [o for o, _ in SPRINGS]
-        ks = [stiffness * s for _, s in SPRINGS]
-        rests = [q * math.hypot(*o) for o in offs]
-        cs = [damping * 2.0 * math.sqrt(k / r) for k, r in zip(ks, rests)]
+        offs, spring, advance, collide = _physics(n, dt_, stiffness, damping, drag, friction)
 
         @ti.kernel
         def init_x():
@@ -233,29 +250,13 @@ class InPlaceCloth:
                 for k in ti.static(range(len(offs))):
                     a2, b2 = a + offs[k][0], b + offs[k][1]
                     if 0 <= a2 < n and 0 <= b2 < n:
-                        d = xi - x[a2, b2]
-                        length = d.norm(1e-12)
-                        u = d / length
-                        acc += -ks[k] * (length / rests[k] - 1.0) * u
-                        acc += -cs[k] * (vi - v[a2, b2]).dot(u) * u
+                        acc += spring(xi - x[a2, b2], vi - v[a2, b2], k)
                 f[a, b] = acc
 
         @ti.kernel
         def integrate():  # x and v in place: each thread reads and overwrites its own vertex
             for a, b in ti.ndrange(n, n):
-                xi = x[a, b]
-                vn = v[a, b] * decay + dt_ * f[a, b]
-                xn = xi + dt_ * vn
-                d = xn - ti.Vector([cx, cy, cz])
-                dist = d.norm(1e-12)
-                nrm = d / dist
-                hit = dist < R
-                vdn = vn.dot(nrm)
-                xn = ti.select(hit, ti.Vector([cx, cy, cz]) + R * nrm, xn)
-                vn = ti.select(hit, (vn - vdn * nrm) * slide + ti.max(vdn, 0.0) * nrm, vn)
-                low = xn[1] < 0.0
-                xn = ti.select(low, ti.Vector([xn[0], 0.0, xn[2]]), xn)
-                vn = ti.select(low, ti.Vector([vn[0] * slide, ti.max(vn[1], 0.0), vn[2] * slide]), vn)
+                xn, vn = collide(*advance(x[a, b], v[a, b], f[a, b]))
                 x[a, b] = xn
                 v[a, b] = vn
 
