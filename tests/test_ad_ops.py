@@ -486,15 +486,16 @@ MAT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,fn,ref", MAT_CASES, ids=[c[0] for c in MAT_CASES])
-def test_vector_matrix_gradient(name, fn, ref):
-    n = 3
-    a = ti.Vector.field(3, ti.f32, shape=n, needs_grad=True)
-    b = ti.Vector.field(3, ti.f32, shape=n, needs_grad=True)
-    m = ti.Matrix.field(3, 3, ti.f32, shape=n, needs_grad=True)
-    m2 = ti.Matrix.field(2, 2, ti.f32, shape=n, needs_grad=True)
-    v = ti.Vector.field(2, ti.f32, shape=n, needs_grad=True)
-    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+def mat_case_program(fn, n: int, **needs):
+    """The fields a, b, m, m2, v of MAT_CASES (with `needs`: needs_grad=True or needs_dual=True)
+    holding inputs (the matrices well conditioned, for the inverses), the loss, and the kernel
+    adding fn over the n elements into it; also used by test_forward_mode.py."""
+    a = ti.Vector.field(3, ti.f32, shape=n, **needs)
+    b = ti.Vector.field(3, ti.f32, shape=n, **needs)
+    m = ti.Matrix.field(3, 3, ti.f32, shape=n, **needs)
+    m2 = ti.Matrix.field(2, 2, ti.f32, shape=n, **needs)
+    v = ti.Vector.field(2, ti.f32, shape=n, **needs)
+    loss = ti.field(ti.f32, shape=(), **needs)
 
     @ti.kernel
     def compute():
@@ -503,11 +504,18 @@ def test_vector_matrix_gradient(name, fn, ref):
 
     r = np.random.default_rng(11)
     data = [f32(r.uniform(-1, 1, (n, 3))), f32(r.uniform(-1, 1, (n, 3))),
-            f32(2 * np.eye(3) + r.uniform(-0.5, 0.5, (n, 3, 3))),   # well conditioned for inverse
+            f32(2 * np.eye(3) + r.uniform(-0.5, 0.5, (n, 3, 3))),
             f32(2 * np.eye(2) + r.uniform(-0.5, 0.5, (n, 2, 2))), f32(r.uniform(-1, 1, (n, 2)))]
     fields = [a, b, m, m2, v]
     for f, d in zip(fields, data):
         f.from_numpy(d)
+    return fields, data, loss, compute
+
+
+@pytest.mark.parametrize("name,fn,ref", MAT_CASES, ids=[c[0] for c in MAT_CASES])
+def test_vector_matrix_gradient(name, fn, ref):
+    n = 3
+    fields, data, loss, compute = mat_case_program(fn, n, needs_grad=True)
     compute()
     loss.grad[None] = 0.75
     compute.grad()

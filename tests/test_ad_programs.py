@@ -168,7 +168,6 @@ def test_mass_spring_backprop_through_60_steps():
     x = ti.Vector.field(2, ti.f32, shape=(steps + 1, n), needs_grad=True)
     v = ti.Vector.field(2, ti.f32, shape=(steps + 1, n), needs_grad=True)
     loss = ti.field(ti.f32, shape=(), needs_grad=True)
-    target = ti.Vector([0.9, 0.1])
 
     @ti.kernel
     def step(t: ti.i32):

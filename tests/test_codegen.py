@@ -434,7 +434,7 @@ def test_asserts_are_dropped_without_debug():
 
 def test_binding_contract_and_readable_names():
     kb = KB("contract")
-    X, G, U, Y = kb.buf("x", f32), kb.buf("x.grad", f32), kb.buf("unused", f32), kb.buf("y", i32)
+    X, G, _, Y = kb.buf("x", f32), kb.buf("x.grad", f32), kb.buf("unused", f32), kb.buf("y", i32)
     N, S = kb.arg("n", i32), kb.arg("scale", f32)
     b, i = kb.range(0, N)
     v = load(b, X, i, name="v")

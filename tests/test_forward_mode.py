@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import textwrap
 
 import numpy as np
 import pytest
 
 import wgpu_ad as ti
 from ad_util import assert_grad, f32
-from test_ad_ops import BINARY, MAT_CASES, UNARY, ZERO_CASES, N, _mod_safe, weights
+from test_ad_ops import BINARY, MAT_CASES, UNARY, ZERO_CASES, N, _mod_safe, mat_case_program
 from wgpu_ad.ir.ops import GroupOp, Op
 from wgpu_ad.passes.autodiff.rules import JVP, ZERO
 
@@ -153,25 +152,7 @@ def test_vector_matrix_tangent(name, fn, ref):
     """Each vector / matrix field seeded in turn (a vector or matrix param: one seed number per
     component)."""
     n = 3
-    a = ti.Vector.field(3, ti.f32, shape=n, needs_dual=True)
-    b = ti.Vector.field(3, ti.f32, shape=n, needs_dual=True)
-    m = ti.Matrix.field(3, 3, ti.f32, shape=n, needs_dual=True)
-    m2 = ti.Matrix.field(2, 2, ti.f32, shape=n, needs_dual=True)
-    v = ti.Vector.field(2, ti.f32, shape=n, needs_dual=True)
-    loss = ti.field(ti.f32, shape=(), needs_dual=True)
-
-    @ti.kernel
-    def compute():
-        for i in a:
-            loss[None] += fn(a[i], b[i], m[i], m2[i], v[i])
-
-    r = np.random.default_rng(11)
-    data = [f32(r.uniform(-1, 1, (n, 3))), f32(r.uniform(-1, 1, (n, 3))),
-            f32(2 * np.eye(3) + r.uniform(-0.5, 0.5, (n, 3, 3))),
-            f32(2 * np.eye(2) + r.uniform(-0.5, 0.5, (n, 2, 2))), f32(r.uniform(-1, 1, (n, 2)))]
-    fields = [a, b, m, m2, v]
-    for f, d in zip(fields, data):
-        f.from_numpy(d)
+    fields, data, loss, compute = mat_case_program(fn, n, needs_dual=True)
     d64 = [d.astype(np.float64) for d in data]
 
     def total(*xs):
@@ -557,13 +538,13 @@ def _random_program(seed: int) -> tuple[str, str]:
     e1, e2, e3 = (_expr(rng, 3, leaves) for _ in range(3))
     shape = seed % 5
     if shape == 0:
-        body_ti = [f"acc = a * b", f"y[i] = {e1[0]}", f"loss[None] += {e2[0]}"]
-        body_np = [f"acc = a * b", f"y = {e1[1]}", f"loss = np.sum({e2[1]})"]
+        body_ti = ["acc = a * b", f"y[i] = {e1[0]}", f"loss[None] += {e2[0]}"]
+        body_np = ["acc = a * b", f"y = {e1[1]}", f"loss = np.sum({e2[1]})"]
     elif shape == 1:
         body_ti = ["acc = a", "for j in range(3):", f"    acc = 0.5 * acc + 0.3 * ({e1[0]})",
-                   f"y[i] = acc", f"loss[None] += {e2[0]}"]
+                   "y[i] = acc", f"loss[None] += {e2[0]}"]
         body_np = ["acc = a", "for j in range(3):", f"    acc = 0.5 * acc + 0.3 * ({e1[1]})",
-                   f"y = acc", f"loss = np.sum({e2[1]})"]
+                   "y = acc", f"loss = np.sum({e2[1]})"]
     elif shape == 2:
         body_ti = ["acc = b", f"if {e1[0]} > 0.1:", f"    y[i] = {e2[0]}", "else:", f"    y[i] = {e3[0]}",
                    "loss[None] += acc * a"]

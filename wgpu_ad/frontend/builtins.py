@@ -13,8 +13,8 @@ import numpy as np
 
 from ..errors import CompileError
 from ..ir.ops import AtomicKind, Op
-from ..types import DType, f32, i32, to_dtype
-from .values import Mat, Ops, dtype_of, is_static
+from ..types import f32, i32, to_dtype
+from .values import Mat, Ops, is_static
 
 
 class Builtin:

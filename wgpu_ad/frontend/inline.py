@@ -8,7 +8,6 @@ import types
 import weakref
 
 from ..errors import CompileError, WgpuAdError
-from ..ir.ops import Op
 from ..types import u1
 from .context import ParsedFunc, ReturnCtx
 from .refs import LocalRef

@@ -11,7 +11,7 @@ import builtins
 import copy
 import math
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .. import plan
@@ -19,7 +19,7 @@ from ..errors import CompileError
 from ..ir.builder import Builder
 from ..ir.nodes import ArgSlot, Block, Buffer, Kernel, Stmt, Task, walk
 from ..ir.ops import Op
-from ..types import DType, MatrixType, VectorType, f32, i32, u32
+from ..types import DType, f32, i32, u32
 from . import builtins as B
 from .loops import analyze_iter, bind_targets, loop_var_name, trip_count
 from .context import LoopCtx, ParsedFunc, ReturnCtx, static_globals

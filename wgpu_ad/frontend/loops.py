@@ -10,8 +10,6 @@ import builtins as _py
 import itertools
 from dataclasses import dataclass
 
-from ..errors import CompileError
-from ..ir.nodes import Block
 from ..ir.ops import Op
 from ..types import i32
 from .context import LoopCtx

@@ -3,19 +3,18 @@ from __future__ import annotations
 
 import ast
 import builtins as _py
-import math
 import types
 
-from ..errors import CompileError, UnsupportedError
+from ..errors import UnsupportedError
 from ..ir.nodes import Stmt
 from ..ir.ops import Op
-from ..types import DType, MatrixType, VectorType, f32, i32, to_dtype, u1
+from ..types import DType, MatrixType, VectorType, f32, i32, to_dtype
 from . import builtins as B
 from .inline import NUMERIC_MODULES, PlainFunc, inline_func, inlinable, module_root
 from .printing import lower_print
-from .refs import (GlobalRef, LocalRef, Ref, bounds_assert, component_ref, dynamic_component_ref, linear_index,
+from .refs import (GlobalRef, Ref, bounds_assert, component_ref, dynamic_component_ref, linear_index,
                    swizzle_ref)
-from .values import Mat, Ops, dtype_of, is_static
+from .values import Mat, dtype_of, is_static
 
 
 class StaticMarker:

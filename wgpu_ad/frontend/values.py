@@ -16,7 +16,7 @@ from ..errors import CompileError
 from ..ir.builder import Builder
 from ..ir.nodes import Stmt
 from ..ir.ops import GroupOp, Op
-from ..types import DType, f32, i32, promote, u1, u32
+from ..types import DType, f32, i32, promote, u1
 
 Scalar = "Stmt | int | float | bool"
 

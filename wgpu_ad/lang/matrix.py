@@ -6,7 +6,7 @@ import numpy as np
 
 from ..frontend.builtins import Builtin
 from ..frontend.values import Mat
-from ..types import MatrixType, VectorType, f32, i32, to_dtype
+from ..types import MatrixType, VectorType, f32, to_dtype
 
 
 def _np_dtype(data, dtype):
