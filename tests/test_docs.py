@@ -38,7 +38,7 @@ UPDATE = os.environ.get("WGPU_AD_DOCS_UPDATE", "") not in ("", "0")
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 SKIP_MARK = "<!-- docs-test: skip -->"
 _XFAIL = re.compile(r"^<!-- docs-test: xfail (?P<reason>.+?) -->$")
-LAVAPIPE_MARK = "<!-- docs-test: lavapipe -->"
+LOOP_LIMIT_MARK = "<!-- docs-test: loop-limit -->"
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)[^\n]*$")
 
 
@@ -50,7 +50,7 @@ class Block:
     last: int              # 1-based line of its closing fence
     skip: bool = False
     xfail: str | None = None  # the reason (an open issue) it fails today
-    lavapipe: bool = False    # shows what Mesa's llvmpipe does: skipped on other adapters
+    loop_limit: bool = False  # shows what older Mesa llvmpipe does: skipped where loops are not limited
 
 
 @dataclass
@@ -77,7 +77,7 @@ def parse_blocks(text: str) -> list[Block]:
         indent, fence, lang = len(m["indent"]), m["fence"], m["lang"].lower()
         skip = i > 0 and lines[i - 1].strip() == SKIP_MARK
         xf = _XFAIL.match(lines[i - 1].strip()) if i > 0 else None
-        lvp = i > 0 and lines[i - 1].strip() == LAVAPIPE_MARK
+        lim = i > 0 and lines[i - 1].strip() == LOOP_LIMIT_MARK
         j = i + 1
         while j < len(lines) and not (lines[j].strip().startswith(fence[0] * len(fence))
                                       and lines[j].strip().strip(fence[0]) == ""):
@@ -85,7 +85,7 @@ def parse_blocks(text: str) -> list[Block]:
         if j == len(lines):
             raise ValueError(f"unclosed code block starting at line {i + 1}")
         body = [ln[indent:] if ln[:indent].strip() == "" else ln for ln in lines[i + 1:j]]
-        blocks.append(Block(lang, "\n".join(body), i + 2, j + 1, skip, xf["reason"] if xf else None, lvp))
+        blocks.append(Block(lang, "\n".join(body), i + 2, j + 1, skip, xf["reason"] if xf else None, lim))
         i = j + 1
     return blocks
 
@@ -129,10 +129,9 @@ def fresh_runtime():
     yield
 
 
-def _on_lavapipe() -> bool:
+def _loops_limited() -> bool:
     import wgpu_ad
-    info = wgpu_ad.get_runtime().adapter.info
-    return "llvmpipe" in str(info.get("device", "")).lower()
+    return wgpu_ad.get_runtime().loops_limited
 
 
 def _format_exc(e: BaseException) -> str:
@@ -218,9 +217,10 @@ def run_through(s: Snippet) -> None:
                 if cur is s:
                     pytest.skip("torch is not installed (pip install torch==2.13.0)")
                 continue
-            if cur.code.lavapipe and not _on_lavapipe():
+            if cur.code.loop_limit and not _loops_limited():
                 if cur is s:
-                    pytest.skip("shows what lavapipe (Mesa llvmpipe) does; this adapter is another")
+                    pytest.skip("shows what older Mesa llvmpipe does (its loop limit); this adapter's loops run to "
+                                "their end")
                 continue
             output, err = _run(cur, st.namespace)
             if cur.code.xfail:

@@ -54,7 +54,7 @@ class Options:
     workgroup_size: int
     subgroups: bool = False   # the device has WGSL subgroup operations: aggregate atomic adds
     grid_cap: int | None = None  # the most workgroups a range launch gets (Runtime.grid_cap), if known
-    # check that every loop ran to its end (Mesa llvmpipe silently stops an invocation's loops after
+    # check that every loop ran to its end (older Mesa llvmpipe silently stops an invocation's loops after
     # 65,535 iterations in total): a loop that exits any other way sets the error buffer's loop word
     loop_check: bool = False
     # the most workgroups of a range task that pre-reduces into one address (passes/prereduce.py):

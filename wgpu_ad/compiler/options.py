@@ -43,8 +43,9 @@ class CompileOptions:
     # (lavapipe runs one workgroup per core at a time), REDUCE_GPU_GROUPS on a GPU
     reduce_grid_cap: int = REDUCE_GPU_GROUPS
     ad_stack_size: int = DEFAULT_STACK_SIZE  # stack depth of loops whose trip count is unknown
-    # every loop checks that it ran to its end: Mesa llvmpipe (lavapipe) silently stops the loops of
-    # an invocation after 65,535 iterations in total; the error is raised at the next read-back
+    # every loop checks that it ran to its end: older Mesa llvmpipe (lavapipe) silently stops the loops
+    # of an invocation after 65,535 iterations in total; the error is raised at the next read-back. On
+    # by default where the device's probe found the limit (Runtime.loops_limited)
     loop_check: bool = False
     # adjoints check every gradient they write: a NaN or inf raises GradientNaNError naming the
     # element and the operation whose derivative made it (nan_check.py); on with debug
@@ -83,7 +84,7 @@ def for_device(rt, **user) -> CompileOptions:
                           grid_cap=256 if rt.is_cpu else rt.max_workgroups,
                           reduce_grid_cap=(REDUCE_GROUPS_PER_CORE * (os.cpu_count() or 1) if rt.is_cpu
                                            else min(REDUCE_GPU_GROUPS, rt.max_workgroups)),
-                          loop_check="llvmpipe" in str(rt.adapter.info.get("device", "")).lower())
+                          loop_check=rt.loops_limited)
     return dataclasses.replace(base, **user)
 
 

@@ -13,6 +13,7 @@ runs before any other work reaches the device, so nothing can see the difference
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import sys
 from typing import Callable
@@ -32,6 +33,7 @@ _UNIFORM_CAPACITY = 256 * 1024    # one batch's args; >= 64 KiB (max uniform bin
 _MAX_PENDING = 512                # launches per submit: bounds recorded-but-unsubmitted memory
 _STAGING_KEEP = 16 * 1024 * 1024  # read-back staging buffers up to this size are reused
 _STAGED_CAPACITY = 64 * 1024      # small host writes of one batch (see write())
+LOOP_PROBE = 70_000                # iterations of the loop that tells whether the driver limits loops
 _STAGE_LIMIT = 4 * 1024           # host writes up to this many bytes are staged in the batch
 
 
@@ -96,6 +98,37 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"<wgpu_ad Runtime on {_adapter.describe(self.adapter)}{' debug' if self.debug else ''}>"
+
+    @functools.cached_property
+    def loops_limited(self) -> bool:
+        """Whether the driver ends the loops of a shader invocation early, silently: Mesa's llvmpipe
+        did after 65,535 iterations in total (Debian 12's Mesa 22.3 does; Mesa 25.0 no longer
+        does). Found once per device by running a loop of LOOP_PROBE iterations, on llvmpipe only."""
+        if "llvmpipe" not in str(self.adapter.info.get("device", "")).lower():
+            return False
+        dev = self.device
+        code = ("@group(0) @binding(0) var<storage, read_write> io: array<u32>;\n"
+                "@compute @workgroup_size(1) fn main() {\n"
+                "    let n = io[0];\n    var s = 0u;\n"
+                "    loop { if s >= n { break; } s += 1u; }\n"
+                "    io[1] = s;\n}\n")
+        pipeline = dev.create_compute_pipeline(
+            label="wgpu_ad.loop_probe", layout="auto",
+            compute={"module": dev.create_shader_module(label="wgpu_ad.loop_probe", code=code), "entry_point": "main"})
+        buf = self.create_storage(16, "wgpu_ad.loop_probe")
+        self.queue.write_buffer(buf, 0, np.array([LOOP_PROBE, 0], np.uint32))
+        group = dev.create_bind_group(layout=pipeline.get_bind_group_layout(0),
+                                      entries=[{"binding": 0, "resource": {"buffer": buf, "offset": 0, "size": 16}}])
+        enc = dev.create_command_encoder()
+        cpass = enc.begin_compute_pass()
+        cpass.set_pipeline(pipeline)
+        cpass.set_bind_group(0, group)
+        cpass.dispatch_workgroups(1)
+        cpass.end()
+        self.queue.submit([enc.finish()])
+        done = int(np.frombuffer(self.queue.read_buffer(buf, 0, 8), np.uint32)[1])
+        buf.destroy()
+        return done != LOOP_PROBE
 
     @property
     def adapter_info(self) -> dict:
