@@ -488,3 +488,27 @@ def test_a_launch_in_fwd_mode_is_not_taken_for_a_checked_one():
     with pytest.raises(ti.ad.DataAccessError, match=r"kernel 'scatter': y\[1\] was stored twice"):
         scatter()                      # a checked launch again: now the repeated index is found
         ti.sync()
+
+
+def test_a_launch_in_fwd_mode_with_host_arrays_is_not_taken_for_a_checked_one():
+    """The same with the index array passed as a NumPy array (copied in per launch, lang/external.py)."""
+    x = ti.field(ti.f32, shape=N, needs_grad=True, needs_dual=True, name="x")
+    y = ti.field(ti.f32, shape=N, needs_grad=True, needs_dual=True, name="y")
+
+    @ti.kernel
+    def scatter(perm: ti.types.ndarray()):
+        for i in range(N):
+            y[perm[i]] = x[i] * x[i]
+
+    xv = np.linspace(-1, 1, N).astype(np.float32)
+    x.from_numpy(xv)
+    good = np.roll(np.arange(N), 3).astype(np.int32)
+    scatter(good)                      # checked: x has a gradient
+    y.grad.from_numpy(np.arange(1, N + 1, dtype=np.float32))
+    scatter.grad(good)
+    np.testing.assert_allclose(x.grad.to_numpy(), 2 * xv * (good + 1), rtol=1e-6)
+    with ti.ad.FwdMode(loss=y, param=x, seed=[1.0] * N):
+        scatter(np.array([1, 1, 1, 1, 1, 1, 1, 0], np.int32))
+    with pytest.raises(ti.WgpuAdError, match=r"scatter.grad\(\): .*latest launch with these arguments was not "
+                                             r"checked \(it ran inside ti.ad.FwdMode"):
+        scatter.grad(good)
