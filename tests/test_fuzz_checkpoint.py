@@ -5,9 +5,11 @@ place for T steps, a parameter field p, and per step
   * `forces(t)`: f[i] from s[i], u[i], neighbours s[i + o0] and u[i + o1] behind bounds checks,
     p[i] and the step number;
   * `update(t)`: s[i] and u[i] overwritten from their old values, f[i] and p[i] (contracting maps,
-    so the values stay O(1) over the steps);
+    so the values stay O(1) over the steps), sometimes through a serial loop with a mutable local,
+    sometimes storing s into a history h[t, i] that the loss reads;
   * sometimes `measure()`: acc[None] += ... of the state, a sum over the steps that no step reads;
-then a loss over the final state (and acc). Each expression is a random tree of +, -, *, sin, cos,
+then a loss over the final state (and acc, h). The state is two fields, or two ndarrays passed to
+the kernels as arguments. Each expression is a random tree of +, -, *, sin, cos,
 tanh, x / (1 + x^2), sqrt(1 + x^2) and exp(tanh(x)) over the kernel's locals and constants: smooth
 everywhere, so no branch or kink can flip between float32 and float64. The schedule (revolve,
 bisect, sqrt, store_all), the number of snapshots, T (1-24), n and the offsets are drawn too.
@@ -63,32 +65,42 @@ def generate(seed: int) -> SimpleNamespace:
     """The program of `seed`: its module source (defining build(ti)) and how to run it."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(3, 8))
+    steps = int(rng.integers(1, 25))
     o0, o1 = (int(rng.choice([-2, -1, 1, 2])) for _ in range(2))
     with_acc = bool(rng.random() < 0.5)
+    nd = bool(rng.random() < 0.3)        # the state as ndarray arguments instead of fields
+    loop = int(rng.choice([0, 0, 2, 3]))  # a serial loop with a mutable local in update
+    hist = bool(rng.random() < 0.3)      # every step stores s into hist[t, i], which the loss reads
     e_f = _expr(rng, ["a", "b", "nb0", "nb1", "pi", "tf"], 3)
-    e_s = _expr(rng, ["sa", "fi", "pi"], 3)
+    e_s = _expr(rng, ["sa", "fi", "pi", "q"], 3)
     e_u = _expr(rng, ["ua", "sa", "fi"], 3)
     e_m = _expr(rng, ["sa", "ua"], 2)
-    w0, w1 = (round(float(rng.uniform(0.2, 1.0)), 3) for _ in range(2))
+    e_q = _expr(rng, ["q", "sa", "fi"], 2)
+    w0, w1, wh = (round(float(rng.uniform(0.2, 1.0)), 3) for _ in range(3))
     # terms every program has, so that the neighbours and the coupling always matter
     c0, c1, c2 = (round(float(rng.uniform(-0.9, 0.9)), 3) for _ in range(3))
     e_f = f"{e_f} + {c0} * ti.tanh(nb0 - a) + {c1} * nb1 * ti.tanh(b)"
     e_s = f"fi + {e_s}"
     e_u = f"{c2} * fi + {e_u}"
+    sig, pass_su = ("t: ti.i32, s: ti.types.ndarray(), u: ti.types.ndarray()", "t, s, u") if nd else ("t: ti.i32", "t")
+    sig0, pass0 = ("s: ti.types.ndarray(), u: ti.types.ndarray()", "s, u") if nd else ("", "")
+    state = ('s = ti.ndarray(ti.f32, N, needs_grad=True)\n    u = ti.ndarray(ti.f32, N, needs_grad=True)' if nd else
+             's = ti.field(ti.f32, shape=N, needs_grad=True, name="s")\n    u = ti.field(ti.f32, shape=N, needs_grad=True, '
+             'name="u")')
     source = textwrap.dedent(f"""\
-        N, O0, O1, WITH_ACC = {n}, {o0}, {o1}, {with_acc}
+        N, STEPS, O0, O1, WITH_ACC, LOOP, HIST = {n}, {steps}, {o0}, {o1}, {with_acc}, {loop}, {hist}
 
 
         def build(ti):
-            s = ti.field(ti.f32, shape=N, needs_grad=True, name="s")
-            u = ti.field(ti.f32, shape=N, needs_grad=True, name="u")
+            {{state}}
             p = ti.field(ti.f32, shape=N, needs_grad=True, name="p")
             f = ti.field(ti.f32, shape=N, needs_grad=True, name="f")
+            h = ti.field(ti.f32, shape=(STEPS, N), needs_grad=True, name="h")
             acc = ti.field(ti.f32, shape=(), needs_grad=True, name="acc")
             loss = ti.field(ti.f32, shape=(), needs_grad=True, name="loss")
 
             @ti.kernel
-            def forces(t: ti.i32):
+            def forces({sig}):
                 for i in range(N):
                     a = s[i]
                     b = u[i]
@@ -103,36 +115,44 @@ def generate(seed: int) -> SimpleNamespace:
                     f[i] = {e_f}
 
             @ti.kernel
-            def update(t: ti.i32):
+            def update({sig}):
                 for i in range(N):
                     sa = s[i]
                     ua = u[i]
                     fi = f[i]
                     pi = p[i]
+                    q = fi
+                    for _k in range(LOOP):
+                        q = 0.5 * q + 0.3 * ti.tanh({e_q})
                     s[i] = 0.5 * sa + 0.25 * ti.tanh({e_s})
                     u[i] = 0.6 * ua + 0.2 * ti.sin({e_u})
+                    if ti.static(HIST):
+                        h[t, i] = {wh} * s[i]
 
             @ti.kernel
-            def measure():
+            def measure({sig0}):
                 for i in range(N):
                     sa = s[i]
                     ua = u[i]
                     acc[None] += 0.1 * ({e_m})
 
             @ti.kernel
-            def total():
+            def total({sig0}):
                 for i in range(N):
                     loss[None] += {w0} * s[i] + {w1} * u[i] * u[i]
                     if i == 0:
                         loss[None] += acc[None]
+                    if ti.static(HIST):
+                        for t in range(STEPS):
+                            loss[None] += h[t, i] * h[t, i]
 
             def step(t):
-                forces(t)
-                update(t)
+                forces({pass_su})
+                update({pass_su})
                 if WITH_ACC:
-                    measure()
+                    measure({pass0})
 
-            return SimpleNamespace(s=s, u=u, p=p, acc=acc, loss=loss, step=step, total=total)
+            return SimpleNamespace(s=s, u=u, p=p, acc=acc, loss=loss, step=step, total=lambda: total({pass0}))
 
 
         def reference(np, s, u, p, steps):
@@ -141,6 +161,7 @@ def generate(seed: int) -> SimpleNamespace:
             ti = SimpleNamespace(sin=np.sin, cos=np.cos, tanh=np.tanh, sqrt=np.sqrt, exp=np.exp)
             idx = np.arange(N)
             acc = 0.0
+            hsum = 0.0
             for t in range(steps):
                 a, b, pi, tf = s, u, p, t * 0.05
                 ok0, ok1 = (idx + O0 >= 0) & (idx + O0 < N), (idx + O1 >= 0) & (idx + O1 < N)
@@ -148,15 +169,19 @@ def generate(seed: int) -> SimpleNamespace:
                 nb1 = np.where(ok1, u[np.clip(idx + O1, 0, N - 1)], 0.0)
                 fi = {e_f} + 0.0 * a
                 sa, ua = s, u
+                q = fi
+                for _k in range(LOOP):
+                    q = 0.5 * q + 0.3 * ti.tanh({e_q})
                 s = 0.5 * sa + 0.25 * ti.tanh({e_s})
                 u = 0.6 * ua + 0.2 * ti.sin({e_u})
+                if HIST:
+                    hsum = hsum + np.sum(({wh} * s) ** 2)
                 if WITH_ACC:
                     sa, ua = s, u
                     acc = acc + np.sum(0.1 * ({e_m}) + 0.0 * sa)
-            return np.sum({w0} * s + {w1} * u * u) + acc
-        """)
+            return np.sum({w0} * s + {w1} * u * u) + acc + hsum
+        """).replace("{state}", state)
     source = "from types import SimpleNamespace\n\n" + source
-    steps = int(rng.integers(1, 25))
     schedule = str(rng.choice(SCHEDULES))
     snapshots = None if schedule == "store_all" or rng.random() < 0.5 else int(rng.integers(1, 5))
     return SimpleNamespace(seed=seed, n=n, source=source, steps=steps, schedule=schedule, snapshots=snapshots)
