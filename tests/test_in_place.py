@@ -177,6 +177,46 @@ def test_a_thread_adds_to_its_own_element_from_its_value():
     np.testing.assert_allclose(v.grad.to_numpy(), 2 * 1.5 ** 2 * v0, rtol=1e-6)
 
 
+@pytest.mark.parametrize("form", ["augmented", "component", "matrix"])
+def test_a_vector_element_updated_in_place_with_augmented_assignment(form):
+    """x[i] += 0.1 * sin(x[i]) on a vector (or matrix) field, as G2P writes `x[p] += dt * v`: the
+    components are stored one after the other, so x[i][1] is read after x[i][0] was stored; that
+    read is of another element and must read the value from before the launch (it was refused as
+    'reads field x and then overwrites what it read'). loss = sum |x|^2 after it:
+    d/dx0 = 2 (x0 + 0.1 sin x0) (1 + 0.1 cos x0), componentwise."""
+    n = 4
+    shape = (2, 2) if form == "matrix" else (2,)
+    x = (ti.Matrix.field(2, 2, ti.f32, shape=n, needs_grad=True) if form == "matrix"
+         else ti.Vector.field(2, ti.f32, shape=n, needs_grad=True))
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    if form == "component":
+        @ti.kernel
+        def step():
+            for i in x:
+                x[i][0] += 0.1 * ti.sin(x[i][0])
+                x[i][1] += 0.1 * ti.sin(x[i][1])
+    else:
+        @ti.kernel
+        def step():
+            for i in x:
+                x[i] += 0.1 * ti.sin(x[i])
+
+    @ti.kernel
+    def total():
+        for i in x:
+            loss[None] += x[i].norm_sqr()
+
+    x0 = np.random.default_rng(3).uniform(-2, 2, (n,) + shape)
+    x.from_numpy(x0.astype(np.float32))
+    with ti.ad.Tape(loss):
+        step()
+        total()
+    x1 = x0 + 0.1 * np.sin(x0)
+    np.testing.assert_allclose(x.to_numpy(), x1, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(x.grad.to_numpy(), 2 * x1 * (1 + 0.1 * np.cos(x0)), rtol=1e-5, atol=1e-6)
+
+
 def test_an_integer_counter_updated_in_the_serial_loop():
     """The seed's control-flow counter: sample[row] += 1 in the serial loop, its value read each
     iteration (here as a running-mean weight): the replay needs the counter's value from before

@@ -245,6 +245,37 @@ def test_vectors_matrices():
     np.testing.assert_allclose(om[2], np.einsum("ni,nj->nij", V64, V64), **tol)
 
 
+def test_matrix_diag():
+    """ti.Matrix.diag(dim, val) (Taichi's; diffmpm's stress `ti.Matrix.diag(2, la * (J - 1) * J)`):
+    val on the diagonal, zeros of its type elsewhere, in kernels (GPU or constant val, with its
+    gradient) and in Python scope."""
+    n = 3
+    a = ti.field(ti.f32, shape=n, needs_grad=True)
+    out = ti.Matrix.field(2, 2, ti.f32, shape=n)
+    k_out = ti.Matrix.field(3, 3, ti.i32, shape=())
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def k():
+        for i in a:
+            m = ti.Matrix.diag(2, a[i] * a[i]) + ti.Matrix([[0.0, 1.0], [2.0, 0.0]])
+            out[i] = m
+            loss[None] += (m @ m).trace()
+        k_out[None] = ti.Matrix.diag(3, 4)
+
+    a0 = np.array([0.5, -1.0, 2.0])
+    a.from_numpy(a0.astype(np.float32))
+    with ti.ad.Tape(loss):
+        k()
+    d = a0 ** 2
+    np.testing.assert_allclose(out.to_numpy(), [[[x, 1], [2, x]] for x in d], rtol=1e-6)
+    np.testing.assert_array_equal(k_out.to_numpy(), 4 * np.eye(3))
+    assert k_out.to_numpy().dtype == np.int32
+    # trace(m @ m) = 2 d^2 + 4 with d = a^2: d/da = 8 a^3
+    np.testing.assert_allclose(a.grad.to_numpy(), 8 * a0 ** 3, rtol=1e-6)
+    np.testing.assert_array_equal(ti.Matrix.diag(2, 1.5), [[1.5, 0.0], [0.0, 1.5]])
+
+
 def test_struct_for_grouped_and_ndrange_bounds():
     f = ti.field(ti.i32, shape=(5, 7))
     g = ti.field(ti.i32, shape=(5, 7))

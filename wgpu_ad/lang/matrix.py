@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..frontend.builtins import Builtin
-from ..frontend.values import Mat
+from ..frontend.values import Mat, dtype_of
 from ..types import MatrixType, VectorType, f32, to_dtype
 
 
@@ -76,6 +76,11 @@ class Matrix:
                    lambda o, dtype, n, m=None: o.cast(_mk((n, m or n), [0] * (n * (m or n)), dtype), to_dtype(dtype)))
     one = Builtin("Matrix.one", lambda dtype, n, m=None: np.ones((n, m or n), to_dtype(dtype).np),
                   lambda o, dtype, n, m=None: o.cast(_mk((n, m or n), [1] * (n * (m or n)), dtype), to_dtype(dtype)))
+
+    # ti.Matrix.diag(dim, val): val on the diagonal, zeros of val's type elsewhere
+    diag = Builtin("Matrix.diag", lambda dim, val: np.diag(np.full(dim, val, dtype=_np_dtype(val, None))),
+                   lambda o, dim, val: _mk((dim, dim), [val if i == j else dtype_of(val).np.type(0).item()
+                                                        for i in range(dim) for j in range(dim)], None))
 
     @staticmethod
     def _rows_lower(o, rows):

