@@ -284,3 +284,252 @@ def test_mpm_in_place_under_checkpoint():
     assert_grad(x.grad.to_numpy(), ref_x, what="d loss / d x0")
     assert_grad(v.grad.to_numpy(), ref_v, what="d loss / d v0")
     assert_grad(E.grad[None], ref_E, what="d loss / d E")
+
+
+# ---- 2. Smoke: semi-Lagrangian advection with bilinear interpolation, and a pressure projection ---
+
+SMOKE_N, SMOKE_STEPS, SMOKE_JACOBI, SMOKE_DT = 8, 4, 3, 0.6
+
+
+def smoke_reference(q0, vx0, vy0):
+    """The float64 port (vectorised over the grid): returns sum((q_T - target)^2) for the target
+    of smoke_target()."""
+    n, dt = SMOKE_N, SMOKE_DT
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+
+    def sample(f, ii, jj):
+        return f[np.clip(ii, 0, n - 1), np.clip(jj, 0, n - 1)]
+
+    def bilerp(f, px, py):
+        s, t = px - 0.5, py - 0.5
+        fi, fj = np.floor(s), np.floor(t)
+        fs, ft = s - fi, t - fj
+        ii, jj = fi.astype(int), fj.astype(int)
+        a = sample(f, ii, jj) * (1 - fs) + sample(f, ii + 1, jj) * fs
+        b = sample(f, ii, jj + 1) * (1 - fs) + sample(f, ii + 1, jj + 1) * fs
+        return a * (1 - ft) + b * ft
+
+    q, vx, vy = (np.array(a, np.float64) for a in (q0, vx0, vy0))
+    for _ in range(SMOKE_STEPS):
+        px, py = i + 0.5 - dt * vx, j + 0.5 - dt * vy
+        q, vx, vy = bilerp(q, px, py), bilerp(vx, px, py), bilerp(vy, px, py)
+        div = 0.5 * (sample(vx, i + 1, j) - sample(vx, i - 1, j) + sample(vy, i, j + 1) - sample(vy, i, j - 1))
+        p = np.zeros_like(q)
+        for _ in range(SMOKE_JACOBI):
+            p = 0.25 * (sample(p, i + 1, j) + sample(p, i - 1, j) + sample(p, i, j + 1) + sample(p, i, j - 1) - div)
+        vx = vx - 0.5 * (sample(p, i + 1, j) - sample(p, i - 1, j))
+        vy = vy - 0.5 * (sample(p, i, j + 1) - sample(p, i, j - 1))
+    return ((q - smoke_target()) ** 2).sum()
+
+
+def smoke_target():
+    i, j = np.meshgrid(np.arange(SMOKE_N), np.arange(SMOKE_N), indexing="ij")
+    return np.exp(-((i - 5.0) ** 2 + (j - 3.0) ** 2) / 4.0)
+
+
+def test_smoke_gradient_wrt_initial_density_and_velocity():
+    n, steps, iters, dt = SMOKE_N, SMOKE_STEPS, SMOKE_JACOBI, SMOKE_DT
+    q = ti.field(ti.f32, shape=(steps + 1, n, n), needs_grad=True)
+    vx = ti.field(ti.f32, shape=(steps + 1, n, n), needs_grad=True)
+    vy = ti.field(ti.f32, shape=(steps + 1, n, n), needs_grad=True)
+    vx_a = ti.field(ti.f32, shape=(steps, n, n), needs_grad=True)   # advected, before projection
+    vy_a = ti.field(ti.f32, shape=(steps, n, n), needs_grad=True)
+    div = ti.field(ti.f32, shape=(steps, n, n), needs_grad=True)
+    p = ti.field(ti.f32, shape=(steps, iters + 1, n, n), needs_grad=True)
+    target = ti.field(ti.f32, shape=(n, n))
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.func
+    def sample(f: ti.template(), t, i, j):
+        return f[t, ti.max(0, ti.min(n - 1, i)), ti.max(0, ti.min(n - 1, j))]
+
+    @ti.func
+    def bilerp(f: ti.template(), t, px, py):
+        s, u = px - 0.5, py - 0.5
+        iu, iv = ti.floor(s), ti.floor(u)
+        fs, fu = s - iu, u - iv
+        i, j = int(iu), int(iv)
+        a = sample(f, t, i, j) * (1 - fs) + sample(f, t, i + 1, j) * fs
+        b = sample(f, t, i, j + 1) * (1 - fs) + sample(f, t, i + 1, j + 1) * fs
+        return a * (1 - fu) + b * fu
+
+    @ti.kernel
+    def advect(t: ti.i32):
+        for i, j in ti.ndrange(n, n):
+            px = i + 0.5 - dt * vx[t, i, j]
+            py = j + 0.5 - dt * vy[t, i, j]
+            q[t + 1, i, j] = bilerp(q, t, px, py)
+            vx_a[t, i, j] = bilerp(vx, t, px, py)
+            vy_a[t, i, j] = bilerp(vy, t, px, py)
+
+    @ti.kernel
+    def divergence(t: ti.i32):
+        for i, j in ti.ndrange(n, n):
+            div[t, i, j] = 0.5 * (sample(vx_a, t, i + 1, j) - sample(vx_a, t, i - 1, j)
+                                  + sample(vy_a, t, i, j + 1) - sample(vy_a, t, i, j - 1))
+
+    @ti.kernel
+    def jacobi(t: ti.i32, k: ti.i32):
+        for i, j in ti.ndrange(n, n):
+            s = p[t, k, ti.min(i + 1, n - 1), j] + p[t, k, ti.max(i - 1, 0), j]
+            s += p[t, k, i, ti.min(j + 1, n - 1)] + p[t, k, i, ti.max(j - 1, 0)]
+            p[t, k + 1, i, j] = 0.25 * (s - div[t, i, j])
+
+    @ti.kernel
+    def project(t: ti.i32):
+        for i, j in ti.ndrange(n, n):
+            pl, pr = p[t, iters, ti.max(i - 1, 0), j], p[t, iters, ti.min(i + 1, n - 1), j]
+            pb, pt = p[t, iters, i, ti.max(j - 1, 0)], p[t, iters, i, ti.min(j + 1, n - 1)]
+            vx[t + 1, i, j] = vx_a[t, i, j] - 0.5 * (pr - pl)
+            vy[t + 1, i, j] = vy_a[t, i, j] - 0.5 * (pt - pb)
+
+    @ti.kernel
+    def compute_loss():
+        for i, j in target:
+            loss[None] += (q[steps, i, j] - target[i, j]) ** 2
+
+    rng = np.random.default_rng(2)
+    q0 = rng.random((n, n)).astype(np.float32)
+    vx0 = rng.uniform(-1.5, 1.5, (n, n)).astype(np.float32)
+    vy0 = rng.uniform(-1.5, 1.5, (n, n)).astype(np.float32)
+    for f, a in ((q, q0), (vx, vx0), (vy, vy0)):
+        full = np.zeros((steps + 1, n, n), np.float32)
+        full[0] = a
+        f.from_numpy(full)
+    target.from_numpy(smoke_target().astype(np.float32))
+    with ti.ad.Tape(loss=loss):
+        for t in range(steps):
+            advect(t)
+            divergence(t)
+            for k in range(iters):
+                jacobi(t, k)
+            project(t)
+        compute_loss()
+
+    assert loss[None] == pytest.approx(smoke_reference(q0, vx0, vy0), rel=1e-5)
+    refs = central_diffs(smoke_reference, [q0, vx0, vy0])
+    for f, ref in zip((q, vx, vy), refs):
+        assert_grad(f.grad.to_numpy()[0], ref, what=f"d loss / d {f.name}[0]")
+
+
+# ---- 3. Billiards: impacts with time of impact, branches on distance and approach ---------------
+
+BALL_N, BALL_STEPS, BALL_DT, BALL_R, BALL_E = 4, 36, 0.01, 0.03, 0.8
+BALL_GOAL = np.array([0.9, 0.75])
+BALL_REST = np.array([[0.5, 0.52], [0.58, 0.48], [0.58, 0.57]])   # the balls the cue ball hits
+
+
+def billiards_reference(x0, v0, margins=None):
+    """The float64 port: the cue ball starts at x0 with velocity v0; returns the squared distance
+    of ball 2 to the goal at the end. `margins` (a list) collects |dist - 2r| of every pair at
+    every step and |approach speed| of every contact, to show the inputs are away from switches."""
+    n, dt, r = BALL_N, BALL_DT, BALL_R
+    x = np.concatenate([np.asarray(x0, np.float64)[None], BALL_REST])
+    v = np.zeros((n, 2))
+    v[0] = v0
+    for _ in range(BALL_STEPS):
+        imp, x_inc = np.zeros((n, 2)), np.zeros((n, 2))
+        for i in range(n):
+            for j in range(n):
+                if i == j:
+                    continue
+                d = x[i] + dt * v[i] - (x[j] + dt * v[j])
+                dn = np.sqrt((d ** 2).sum())
+                if margins is not None:
+                    margins.append(abs(dn - 2 * r))
+                if dn < 2 * r:
+                    direction = d / dn
+                    proj = direction @ (v[i] - v[j])
+                    if margins is not None:
+                        margins.append(abs(proj))
+                    if proj < 0:
+                        im = -(1 + BALL_E) * 0.5 * proj * direction
+                        toi = (dn - 2 * r) / min(-1e-3, proj)
+                        imp[i] += im
+                        x_inc[i] += min(toi - dt, 0.0) * im
+        v = v + imp
+        x = x + dt * v + x_inc
+    return ((x[2] - BALL_GOAL) ** 2).sum()
+
+
+@pytest.mark.parametrize("pairs", ["ordered", "once"])
+def test_billiards_gradient_wrt_the_cue_ball(pairs):
+    n, steps, dt, radius, elasticity = BALL_N, BALL_STEPS, BALL_DT, BALL_R, BALL_E
+    x = ti.Vector.field(2, ti.f32, shape=(steps + 1, n), needs_grad=True)
+    v = ti.Vector.field(2, ti.f32, shape=(steps + 1, n), needs_grad=True)
+    impulse = ti.Vector.field(2, ti.f32, shape=(steps + 1, n), needs_grad=True)
+    x_inc = ti.Vector.field(2, ti.f32, shape=(steps + 1, n), needs_grad=True)
+    init_x = ti.Vector.field(2, ti.f32, shape=(), needs_grad=True)
+    init_v = ti.Vector.field(2, ti.f32, shape=(), needs_grad=True)
+    goal = ti.Vector([0.9, 0.75])
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def initialize():
+        x[0, 0] = init_x[None]
+        v[0, 0] = init_v[None]
+
+    if pairs == "ordered":  # every ball looks at every other: each thread writes its own ball
+        @ti.kernel
+        def collide(t: ti.i32):
+            for i in range(n):
+                for j in range(n):
+                    if i != j:
+                        dist = (x[t, i] + dt * v[t, i]) - (x[t, j] + dt * v[t, j])
+                        dist_norm = dist.norm()
+                        if dist_norm < 2 * radius:
+                            direction = dist / dist_norm
+                            projected_v = direction.dot(v[t, i] - v[t, j])
+                            if projected_v < 0:
+                                imp = -(1 + elasticity) * 0.5 * projected_v * direction
+                                toi = (dist_norm - 2 * radius) / ti.min(-1e-3, projected_v)
+                                impulse[t + 1, i] += imp
+                                x_inc[t + 1, i] += ti.min(toi - dt, 0.0) * imp
+    else:  # each pair once, equal and opposite: threads add into other balls' elements (atomics)
+        @ti.kernel
+        def collide(t: ti.i32):
+            for i in range(n):
+                for j in range(i):
+                    dist = (x[t, i] + dt * v[t, i]) - (x[t, j] + dt * v[t, j])
+                    dist_norm = dist.norm()
+                    if dist_norm < 2 * radius:
+                        direction = dist / dist_norm
+                        projected_v = direction.dot(v[t, i] - v[t, j])
+                        if projected_v < 0:
+                            imp = -(1 + elasticity) * 0.5 * projected_v * direction
+                            toi = (dist_norm - 2 * radius) / ti.min(-1e-3, projected_v)
+                            ti.atomic_add(impulse[t + 1, i], imp)
+                            ti.atomic_sub(impulse[t + 1, j], imp)
+                            x_inc[t + 1, i] += ti.min(toi - dt, 0.0) * imp
+                            x_inc[t + 1, j] -= ti.min(toi - dt, 0.0) * imp
+
+    @ti.kernel
+    def advance(t: ti.i32):
+        for i in range(n):
+            v[t + 1, i] = v[t, i] + impulse[t + 1, i]
+            x[t + 1, i] = x[t, i] + dt * v[t + 1, i] + x_inc[t + 1, i]
+
+    @ti.kernel
+    def compute_loss():
+        loss[None] = (x[steps, 2] - goal).norm_sqr()
+
+    x0, v0 = np.array([0.2, 0.5]), np.array([2.1, 0.05])
+    xs = np.zeros((steps + 1, n, 2), np.float32)
+    xs[0, 1:] = BALL_REST
+    x.from_numpy(xs)
+    init_x[None] = x0
+    init_v[None] = v0
+    with ti.ad.Tape(loss=loss):
+        initialize()
+        for t in range(steps):
+            collide(t)
+            advance(t)
+        compute_loss()
+
+    margins: list = []
+    assert loss[None] == pytest.approx(billiards_reference(x0, v0, margins), rel=1e-5)
+    assert min(margins) > 1e-3  # no contact starts or ends within central differences' reach
+    assert np.abs(x_inc.to_numpy()).sum() > 0 and (impulse.to_numpy() != 0).any(axis=-1).sum() >= 4  # impacts happened
+    ref_x, ref_v = central_diffs(billiards_reference, [x0, v0])
+    assert_grad(init_x.grad[None], ref_x, what="d loss / d init_x")
+    assert_grad(init_v.grad[None], ref_v, what="d loss / d init_v")
