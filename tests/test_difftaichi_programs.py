@@ -533,3 +533,203 @@ def test_billiards_gradient_wrt_the_cue_ball(pairs):
     ref_x, ref_v = central_diffs(billiards_reference, [x0, v0])
     assert_grad(init_x.grad[None], ref_x, what="d loss / d init_x")
     assert_grad(init_v.grad[None], ref_v, what="d loss / d init_v")
+
+
+# ---- 4. Electric: charged particles steered by electrodes, pair forces with atomics --------------
+
+EL_N, EL_M, EL_STEPS, EL_DT, EL_EPS = 5, 3, 6, 0.02, 0.01
+EL_ELECTRODES = np.array([[0.2, 0.2], [0.8, 0.3], [0.5, 0.9]])
+EL_GOALS = np.array([[0.3, 0.6], [0.6, 0.4], [0.5, 0.5], [0.4, 0.3], [0.7, 0.7]])
+
+
+def electric_reference(x0, q, u):
+    """The float64 port: particles at x0 with charges q, electrode strengths u[t, k]; returns
+    sum |x_T - goal|^2."""
+    x, v = np.array(x0, np.float64), np.zeros((EL_N, 2))
+    for t in range(EL_STEPS):
+        d = x[:, None] - x[None]                                      # d[i, j] = x_i - x_j
+        r2 = (d ** 2).sum(-1) + EL_EPS
+        pair = (q[:, None] * q[None] / r2 ** 1.5)[..., None] * d
+        f = pair.sum(1) - np.diagonal(pair, axis1=0, axis2=1).T       # j != i
+        e = x[:, None] - EL_ELECTRODES[None]
+        re2 = (e ** 2).sum(-1) + EL_EPS
+        f += ((q[:, None] * u[t][None] / re2 ** 1.5)[..., None] * e).sum(1)
+        v = v + EL_DT * f
+        x = x + EL_DT * v
+    return ((x - EL_GOALS) ** 2).sum()
+
+
+def test_electric_gradient_wrt_electrodes_charges_and_positions():
+    n, m, steps, dt, eps = EL_N, EL_M, EL_STEPS, EL_DT, EL_EPS
+    x = ti.Vector.field(2, ti.f32, shape=(steps + 1, n), needs_grad=True)
+    v = ti.Vector.field(2, ti.f32, shape=(steps + 1, n), needs_grad=True)
+    f = ti.Vector.field(2, ti.f32, shape=(steps, n), needs_grad=True)
+    q = ti.field(ti.f32, shape=n, needs_grad=True)
+    u = ti.field(ti.f32, shape=(steps, m), needs_grad=True)
+    electrodes = ti.Vector.field(2, ti.f32, shape=m)
+    goals = ti.Vector.field(2, ti.f32, shape=n)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.func
+    def coulomb(qa, qb, d):
+        return qa * qb * d / (d.norm_sqr() + eps) ** 1.5
+
+    @ti.kernel
+    def particle_forces(t: ti.i32):
+        for i, j in ti.ndrange(n, n):
+            if i < j:  # each pair once; the reaction goes to j by an atomic add
+                fij = coulomb(q[i], q[j], x[t, i] - x[t, j])
+                f[t, i] += fij
+                ti.atomic_add(f[t, j], -fij)
+
+    @ti.kernel
+    def electrode_forces(t: ti.i32):
+        for i, k in ti.ndrange(n, m):
+            ti.atomic_add(f[t, i], coulomb(q[i], u[t, k], x[t, i] - electrodes[k]))
+
+    @ti.kernel
+    def advance(t: ti.i32):
+        for i in range(n):
+            v[t + 1, i] = v[t, i] + dt * f[t, i]
+            x[t + 1, i] = x[t, i] + dt * v[t + 1, i]
+
+    @ti.kernel
+    def compute_loss():
+        for i in range(n):
+            loss[None] += (x[steps, i] - goals[i]).norm_sqr()
+
+    rng = np.random.default_rng(4)
+    x0 = rng.uniform(0.3, 0.7, (n, 2))
+    q0 = rng.uniform(0.5, 1.5, n) * np.array([1, -1, 1, -1, 1])
+    u0 = rng.uniform(-2, 2, (steps, m))
+    xs = np.zeros((steps + 1, n, 2), np.float32)
+    xs[0] = x0
+    x.from_numpy(xs)
+    q.from_numpy(q0.astype(np.float32))
+    u.from_numpy(u0.astype(np.float32))
+    electrodes.from_numpy(EL_ELECTRODES.astype(np.float32))
+    goals.from_numpy(EL_GOALS.astype(np.float32))
+    with ti.ad.Tape(loss=loss):
+        for t in range(steps):
+            particle_forces(t)
+            electrode_forces(t)
+            advance(t)
+        compute_loss()
+
+    assert loss[None] == pytest.approx(electric_reference(x0, q0, u0), rel=1e-5)
+    ref_x, ref_q, ref_u = central_diffs(electric_reference, [x0, q0, u0])
+    assert_grad(x.grad.to_numpy()[0], ref_x, what="d loss / d x[0]")
+    assert_grad(q.grad.to_numpy(), ref_q, what="d loss / d q")
+    assert_grad(u.grad.to_numpy(), ref_u, what="d loss / d u")
+
+
+# ---- 5. Wave equation: a 2-D stencil from a learned initial condition ---------------------------
+
+WAVE_N, WAVE_STEPS, WAVE_C2, WAVE_ALPHA = 10, 12, 0.2, 0.05   # WAVE_C2: (c dt / dx)^2
+
+
+def wave_target():
+    i, j = np.meshgrid(np.arange(WAVE_N), np.arange(WAVE_N), indexing="ij")
+    return 0.3 * np.sin(0.7 * i) * np.cos(0.5 * j)
+
+
+def wave_reference(init):
+    """The float64 port: zero on the border, p[0] = p[1] = init inside; returns the squared
+    distance of the final state to the target, inside."""
+    prev, cur = np.array(init, np.float64), np.array(init, np.float64)
+    for _ in range(WAVE_STEPS):
+        new = np.zeros_like(cur)
+        lap = cur[2:, 1:-1] + cur[:-2, 1:-1] + cur[1:-1, 2:] + cur[1:-1, :-2] - 4 * cur[1:-1, 1:-1]
+        new[1:-1, 1:-1] = (2 * cur[1:-1, 1:-1] + WAVE_C2 * lap - prev[1:-1, 1:-1]
+                           - WAVE_ALPHA * (cur[1:-1, 1:-1] - prev[1:-1, 1:-1]))
+        prev, cur = cur, new
+    return ((cur - wave_target())[1:-1, 1:-1] ** 2).sum()
+
+
+@pytest.mark.parametrize("form", ["stored", "in_place"])
+def test_wave_equation_gradient_wrt_the_initial_condition(form):
+    """`stored`: p[t, i, j] for every step on a tape, as DiffTaichi's wave; `in_place`: the three
+    time levels in fields rotated every step, differentiated by ti.ad.checkpoint."""
+    n, steps, c2, alpha = WAVE_N, WAVE_STEPS, WAVE_C2, WAVE_ALPHA
+    initial = ti.field(ti.f32, shape=(n, n), needs_grad=True)
+    target = ti.field(ti.f32, shape=(n, n))
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.func
+    def laplacian(f: ti.template(), I):
+        return (f[I + ti.Vector([1, 0])] + f[I - ti.Vector([1, 0])] + f[I + ti.Vector([0, 1])]
+                + f[I - ti.Vector([0, 1])] - 4 * f[I])
+
+    if form == "stored":
+        p = ti.field(ti.f32, shape=(steps + 2, n, n), needs_grad=True)
+
+        @ti.kernel
+        def init():
+            for i, j in initial:
+                p[0, i, j] = initial[i, j]
+                p[1, i, j] = initial[i, j]
+
+        @ti.kernel
+        def fdtd(t: ti.i32):
+            for i, j in ti.ndrange((1, n - 1), (1, n - 1)):
+                lap = p[t - 1, i + 1, j] + p[t - 1, i - 1, j] + p[t - 1, i, j + 1] + p[t - 1, i, j - 1] \
+                    - 4 * p[t - 1, i, j]
+                p[t, i, j] = (2 * p[t - 1, i, j] + c2 * lap - p[t - 2, i, j]
+                              - alpha * (p[t - 1, i, j] - p[t - 2, i, j]))
+
+        @ti.kernel
+        def compute_loss():
+            for i, j in ti.ndrange((1, n - 1), (1, n - 1)):
+                loss[None] += (p[steps + 1, i, j] - target[i, j]) ** 2
+
+        def run():
+            init()
+            for t in range(2, steps + 2):
+                fdtd(t)
+            compute_loss()
+    else:
+        prev = ti.field(ti.f32, shape=(n, n), needs_grad=True)
+        cur = ti.field(ti.f32, shape=(n, n), needs_grad=True)
+        new = ti.field(ti.f32, shape=(n, n), needs_grad=True)
+
+        @ti.kernel
+        def init():
+            for I in ti.grouped(initial):
+                prev[I] = initial[I]
+                cur[I] = initial[I]
+
+        @ti.kernel
+        def fdtd():
+            for I in ti.grouped(ti.ndrange((1, n - 1), (1, n - 1))):
+                new[I] = 2 * cur[I] + c2 * laplacian(cur, I) - prev[I] - alpha * (cur[I] - prev[I])
+
+        @ti.kernel
+        def rotate():
+            for I in ti.grouped(new):
+                prev[I] = cur[I]
+                cur[I] = new[I]
+
+        @ti.kernel
+        def compute_loss():
+            for i, j in ti.ndrange((1, n - 1), (1, n - 1)):
+                loss[None] += (cur[i, j] - target[i, j]) ** 2
+
+        def step(t):
+            fdtd()
+            rotate()
+
+        def run():
+            init()
+            ti.ad.checkpoint(step, steps=steps, state=[prev, cur], snapshots=3)
+            compute_loss()
+
+    x0 = np.random.default_rng(5).uniform(-0.5, 0.5, (n, n))
+    initial.from_numpy(x0.astype(np.float32))
+    target.from_numpy(wave_target().astype(np.float32))
+    with ti.ad.Tape(loss=loss):
+        run()
+
+    assert loss[None] == pytest.approx(wave_reference(x0), rel=1e-5)
+    # the border's initial values are read by the first step's stencil: their gradients too
+    ref = central_diffs(wave_reference, [x0])[0]
+    assert_grad(initial.grad.to_numpy(), ref, what="d loss / d initial")
