@@ -733,3 +733,162 @@ def test_wave_equation_gradient_wrt_the_initial_condition(form):
     # the border's initial values are read by the first step's stencil: their gradients too
     ref = central_diffs(wave_reference, [x0])[0]
     assert_grad(initial.grad.to_numpy(), ref, what="d loss / d initial")
+
+
+# ---- 6. A mass-spring robot steered by a small neural network (DiffTaichi's mass_spring shape) ----
+
+MS_OBJECTS = np.array([[0.1, 0.105], [0.2, 0.105], [0.1, 0.2], [0.2, 0.205]])
+MS_SPRINGS = np.array([[0, 1], [2, 3], [0, 2], [1, 3], [0, 3], [1, 2]])   # anchor a, anchor b
+MS_STEPS, MS_DT, MS_SIN, MS_HIDDEN = 24, 0.004, 2, 4
+MS_GROUND, MS_GRAVITY, MS_STIFFNESS, MS_DAMPING, MS_STRENGTH, MS_OMEGA = 0.1, -4.8, 300.0, 15.0, 0.15, 10.0
+
+
+def mass_spring_reference(w1, b1, w2, b2, margins=None):
+    """The float64 port: returns -(x-coordinate of the centre at the end). `margins` collects how
+    far each ground contact test is from switching."""
+    n, ns = len(MS_OBJECTS), len(MS_SPRINGS)
+    rest = np.linalg.norm(MS_OBJECTS[MS_SPRINGS[:, 0]] - MS_OBJECTS[MS_SPRINGS[:, 1]], axis=1)
+    x, v = MS_OBJECTS.astype(np.float64), np.zeros((n, 2))
+    for t in range(1, MS_STEPS):
+        center = x.mean(0)
+        inputs = [np.sin(MS_OMEGA * (t - 1) * MS_DT + 2 * np.pi / MS_SIN * j) for j in range(MS_SIN)]
+        for j in range(n):
+            off = x[j] - center
+            inputs += [off[0] * 0.05, off[1] * 0.05, v[j, 0] * 0.05, v[j, 1] * 0.05]
+        hidden = np.tanh(w1 @ np.array(inputs) + b1)
+        act = np.tanh(w2 @ hidden + b2)
+        v_inc = np.zeros((n, 2))
+        for s, (a, b) in enumerate(MS_SPRINGS):
+            d = x[a] - x[b]
+            length = np.sqrt((d ** 2).sum()) + 1e-4
+            target = rest[s] * (1.0 + act[s] * MS_STRENGTH)
+            imp = MS_DT * (length - target) * MS_STIFFNESS / length * d
+            v_inc[a] -= imp
+            v_inc[b] += imp
+        for i in range(n):
+            old_v = np.exp(-MS_DT * MS_DAMPING) * v[i] + MS_DT * MS_GRAVITY * np.array([0.0, 1.0]) + v_inc[i]
+            old_x = x[i].copy()
+            new_x = old_x + MS_DT * old_v
+            new_v = old_v
+            if margins is not None:
+                margins.append(abs(new_x[1] - MS_GROUND) if old_v[1] < -1e-4 else abs(old_v[1] + 1e-4))
+            if new_x[1] < MS_GROUND and old_v[1] < -1e-4:
+                toi = -(old_x[1] - MS_GROUND) / old_v[1]
+                new_v = np.zeros(2)
+                new_x = old_x + toi * old_v + (MS_DT - toi) * new_v
+            v[i], x[i] = new_v, new_x
+    return -x.mean(0)[0]
+
+
+def test_mass_spring_robot_controller_gradient_wrt_the_weights():
+    n_objects, n_springs = len(MS_OBJECTS), len(MS_SPRINGS)
+    steps, dt, n_sin, n_hidden = MS_STEPS, MS_DT, MS_SIN, MS_HIDDEN
+    n_input = n_sin + 4 * n_objects
+    ground, gravity, stiffness, damping = MS_GROUND, MS_GRAVITY, MS_STIFFNESS, MS_DAMPING
+    strength, omega = MS_STRENGTH, MS_OMEGA
+    vec = lambda: ti.Vector.field(2, ti.f32)  # noqa: E731
+    x, v, v_inc = vec(), vec(), vec()
+    center = ti.Vector.field(2, ti.f32, shape=steps, needs_grad=True)
+    hidden = ti.field(ti.f32, shape=(steps, n_hidden), needs_grad=True)
+    act = ti.field(ti.f32, shape=(steps, n_springs), needs_grad=True)
+    weights1 = ti.field(ti.f32, shape=(n_hidden, n_input), needs_grad=True)
+    bias1 = ti.field(ti.f32, shape=n_hidden, needs_grad=True)
+    weights2 = ti.field(ti.f32, shape=(n_springs, n_hidden), needs_grad=True)
+    bias2 = ti.field(ti.f32, shape=n_springs, needs_grad=True)
+    anchor_a, anchor_b = ti.field(ti.i32), ti.field(ti.i32)
+    rest_length = ti.field(ti.f32)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    ti.root.dense(ti.i, steps).dense(ti.j, n_objects).place(x, v, v_inc)
+    ti.root.dense(ti.i, n_springs).place(anchor_a, anchor_b, rest_length)
+    ti.root.lazy_grad()
+
+    @ti.kernel
+    def compute_center(t: ti.i32):
+        for i in range(n_objects):
+            center[t] += x[t, i] / n_objects
+
+    @ti.kernel
+    def nn1(t: ti.i32):
+        for i in range(n_hidden):
+            actuation = 0.0
+            for j in ti.static(range(n_sin)):
+                actuation += weights1[i, j] * ti.sin(omega * t * dt + 2 * np.pi / n_sin * j)
+            for j in ti.static(range(n_objects)):
+                offset = x[t, j] - center[t]
+                actuation += weights1[i, j * 4 + n_sin] * offset[0] * 0.05
+                actuation += weights1[i, j * 4 + n_sin + 1] * offset[1] * 0.05
+                actuation += weights1[i, j * 4 + n_sin + 2] * v[t, j][0] * 0.05
+                actuation += weights1[i, j * 4 + n_sin + 3] * v[t, j][1] * 0.05
+            actuation += bias1[i]
+            hidden[t, i] = ti.tanh(actuation)
+
+    @ti.kernel
+    def nn2(t: ti.i32):
+        for i in range(n_springs):
+            actuation = 0.0
+            for j in ti.static(range(n_hidden)):
+                actuation += weights2[i, j] * hidden[t, j]
+            act[t, i] = ti.tanh(actuation + bias2[i])
+
+    @ti.kernel
+    def apply_spring_force(t: ti.i32):
+        for i in range(n_springs):
+            a, b = anchor_a[i], anchor_b[i]
+            dist = x[t, a] - x[t, b]
+            length = dist.norm() + 1e-4
+            target_length = rest_length[i] * (1.0 + act[t, i] * strength)
+            impulse = dt * (length - target_length) * stiffness / length * dist
+            ti.atomic_add(v_inc[t + 1, a], -impulse)
+            ti.atomic_add(v_inc[t + 1, b], impulse)
+
+    @ti.kernel
+    def advance_toi(t: ti.i32):
+        for i in range(n_objects):
+            s = ti.exp(-dt * damping)
+            old_v = s * v[t - 1, i] + dt * gravity * ti.Vector([0.0, 1.0]) + v_inc[t, i]
+            old_x = x[t - 1, i]
+            new_x = old_x + dt * old_v
+            toi = 0.0
+            new_v = old_v
+            if new_x[1] < ground and old_v[1] < -1e-4:
+                toi = -(old_x[1] - ground) / old_v[1]
+                new_v = ti.Vector([0.0, 0.0])
+            new_x = old_x + toi * old_v + (dt - toi) * new_v
+            v[t, i] = new_v
+            x[t, i] = new_x
+
+    @ti.kernel
+    def compute_loss(t: ti.i32):
+        loss[None] = -center[t][0]
+
+    rng = np.random.default_rng(6)
+    w1 = rng.standard_normal((n_hidden, n_input)) * np.sqrt(2 / (n_hidden + n_input)) * 2
+    b1 = rng.standard_normal(n_hidden) * 0.1
+    w2 = rng.standard_normal((n_springs, n_hidden)) * np.sqrt(2 / (n_springs + n_hidden)) * 3
+    b2 = rng.standard_normal(n_springs) * 0.1
+    for f, a in ((weights1, w1), (bias1, b1), (weights2, w2), (bias2, b2)):
+        f.from_numpy(a.astype(np.float32))
+    anchor_a.from_numpy(MS_SPRINGS[:, 0].astype(np.int32))
+    anchor_b.from_numpy(MS_SPRINGS[:, 1].astype(np.int32))
+    rest = np.linalg.norm(MS_OBJECTS[MS_SPRINGS[:, 0]] - MS_OBJECTS[MS_SPRINGS[:, 1]], axis=1)
+    rest_length.from_numpy(rest.astype(np.float32))
+    for i, p in enumerate(MS_OBJECTS):
+        x[0, i] = p
+
+    with ti.ad.Tape(loss=loss):
+        for t in range(1, steps):
+            compute_center(t - 1)
+            nn1(t - 1)
+            nn2(t - 1)
+            apply_spring_force(t - 1)
+            advance_toi(t)
+        compute_center(steps - 1)
+        compute_loss(steps - 1)
+
+    margins: list = []
+    assert loss[None] == pytest.approx(mass_spring_reference(w1, b1, w2, b2, margins), rel=1e-5)
+    assert min(margins) > 1e-5, min(margins)  # every contact test is away from switching
+    assert (v.to_numpy()[-1, :2] == 0).all()  # the feet landed: the contact branch runs
+    refs = central_diffs(mass_spring_reference, [w1, b1, w2, b2])
+    for f, ref in zip((weights1, bias1, weights2, bias2), refs):
+        assert_grad(f.grad.to_numpy(), ref, what=f"d loss / d {f.name}")
