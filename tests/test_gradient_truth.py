@@ -224,6 +224,71 @@ def test_kernel_grad_by_hand_refuses_inputs_overwritten_since():
         k0.grad()
 
 
+def test_kernel_grad_by_hand_checks_the_launch_with_the_same_arguments():
+    """k(0) reads x[0]; x is overwritten; k(1) runs; k.grad(0) must compare with what k(0) read,
+    not with k(1)'s launch: it was silently d/dx x^2 at the new x (6, not 2)."""
+    x = ti.field(ti.f32, shape=(2, 4), needs_grad=True)
+    y = ti.field(ti.f32, shape=(2, 4), needs_grad=True)
+
+    @ti.kernel
+    def k(t: ti.i32):
+        for i in range(4):
+            y[t, i] = x[t, i] ** 2
+
+    x.fill(1.0)
+    k(0)
+    x.fill(3.0)
+    k(1)
+    y.grad.fill(1.0)
+    k.grad(1)
+    np.testing.assert_array_equal(x.grad.to_numpy()[1], np.full(4, 6.0))
+    with pytest.raises(ti.WgpuAdError, match=r"k.grad\(\): kernel 'k' read field 'x' when it ran, and fill wrote "
+                                             r"it since, .* launch k again right before its .grad\(\) once x holds "
+                                             r"what it read \(recomputed\)"):
+        k.grad(0)
+
+
+def test_kernel_grad_by_hand_accepts_writes_to_other_steps():
+    """diffmpm's manual backward pass: a(t) reads s[t] and writes m[t]; b(t) reads m[t] and writes
+    s[t + 1]. After the forward pass, b.grad(t) then a.grad(t) for t = T-1 .. 0: every write since
+    a(t) read s[t] went to s[t + 1 ..] (it used to be refused as 'b wrote s since'). A write to the
+    step a(t) read is still refused. y = s[T] = prod (1 + c) s[0] with m = s * c per step."""
+    T, n = 40, 3
+    s = ti.field(ti.f32, shape=(T + 1, n), needs_grad=True)
+    m = ti.field(ti.f32, shape=(T, n), needs_grad=True)
+    c = ti.field(ti.f32, shape=n, needs_grad=True)
+
+    @ti.kernel
+    def a(t: ti.i32):
+        for i in range(n):
+            m[t, i] = s[t, i] * c[i]
+
+    @ti.kernel
+    def b(t: ti.i32):
+        for i in range(n):
+            s[t + 1, i] = s[t, i] + m[t, i]
+
+    c0 = np.array([0.01, -0.02, 0.03])
+    s0 = np.array([1.0, 2.0, 0.5])
+    c.from_numpy(c0.astype(np.float32))
+    s.from_numpy(np.concatenate([s0[None], np.zeros((T, n))]).astype(np.float32))
+    for t in range(T):
+        a(t)
+        b(t)
+    s.grad.fill(0)
+    s.grad.from_numpy(np.concatenate([np.zeros((T, n)), np.ones((1, n))]).astype(np.float32))
+    for t in reversed(range(T)):
+        b.grad(t)
+        a.grad(t)
+    np.testing.assert_allclose(s.grad.to_numpy()[0], (1 + c0) ** T, rtol=1e-5)
+    np.testing.assert_allclose(c.grad.to_numpy(), T * s0 * (1 + c0) ** (T - 1), rtol=1e-5)
+    a(3)
+    s[3, 0] = 7.0
+    with pytest.raises(ti.WgpuAdError, match=r"a.grad\(\): kernel 'a' read field 's' when it ran, and a "
+                                             r"Python-scope assignment wrote it since"):
+        a.grad(3)
+
+
 def test_a_store_in_a_loop_that_runs_once_is_differentiated():
     """`for level in range(1)` around the loop that stores: one iteration cannot store twice (it
     used to be refused as 'may be stored by more than one iteration or thread'); y = 3 x."""

@@ -276,6 +276,39 @@ def test_matrix_diag():
     np.testing.assert_array_equal(ti.Matrix.diag(2, 1.5), [[1.5, 0.0], [0.0, 1.5]])
 
 
+def test_matrix_element_assigned_nested_lists():
+    """m[i] = [[0, 0], [0, 0]] (diffmpm's clear_particle_grad, on a gradient field too), rows of GPU
+    values, rows that are vectors; a row of the wrong length names the shapes."""
+    n = 3
+    m = ti.Matrix.field(2, 2, ti.f32, shape=n, needs_grad=True)
+    a = ti.field(ti.f32, shape=n)
+
+    @ti.kernel
+    def fill():
+        for i in m:
+            m.grad[i] = [[0, 0], [0, 0]]
+            if i == 0:
+                m[i] = [[a[i], 2 * a[i]], [3.0, 4]]
+            else:
+                r = ti.Vector([a[i], -a[i]])
+                m[i] = [r, r * 2]
+
+    a.from_numpy(np.array([1.0, 2.0, 3.0], np.float32))
+    m.grad.fill(5.0)
+    fill()
+    np.testing.assert_array_equal(m.grad.to_numpy(), np.zeros((n, 2, 2)))
+    np.testing.assert_array_equal(m.to_numpy(), [[[1, 2], [3, 4]], [[2, -2], [4, -4]], [[3, -3], [6, -6]]])
+
+    @ti.kernel
+    def bad():
+        for i in m:
+            m[i] = [[0, 0, 0], [0, 0, 0]]
+
+    with pytest.raises(ti.TaichiCompilationError, match=r"cannot assign rows of lengths \[3, 3\] to m\[i\] of "
+                                                         r"shape \(2, 2\)"):
+        bad()
+
+
 def test_struct_for_grouped_and_ndrange_bounds():
     f = ti.field(ti.i32, shape=(5, 7))
     g = ti.field(ti.i32, shape=(5, 7))

@@ -17,7 +17,8 @@ from ..errors import WgpuAdError
 from .naming import describe
 
 
-def _overlap(a: tuple, b: tuple) -> bool:
+def overlap(a: tuple, b: tuple) -> bool:
+    """Two footprint indices (kernel.footprint) may name a common element."""
     if len(a) != len(b):
         return True
     return all(x is None or y is None or x == y for x, y in zip(a, b))
@@ -61,7 +62,7 @@ def check_overwrites(entries) -> None:
                     continue
                 bucket = reads.get(id(obj))
                 for r_idx, (r_name, r_n) in (bucket.candidates(idx) if bucket else ()):
-                    if _overlap(idx, r_idx):
+                    if overlap(idx, r_idx):
                         raise WgpuAdError(
                             f"ti.ad.Tape: kernel '{name}' (launch {n} on the tape) writes elements of "
                             f"{describe(obj)} that kernel '{r_name}' (launch {r_n}) read before; the gradient "
@@ -72,7 +73,7 @@ def check_overwrites(entries) -> None:
                 if kind == "atomic":
                     bucket = writes.get(id(obj))
                     for w_idx, (w_name, w_n) in (bucket.candidates(idx) if bucket else ()):
-                        if _overlap(idx, w_idx):
+                        if overlap(idx, w_idx):
                             raise WgpuAdError(
                                 f"ti.ad.Tape: kernel '{name}' (launch {n} on the tape) combines elements of "
                                 f"{describe(obj)} that kernel '{w_name}' (launch {w_n}) wrote with an atomic "

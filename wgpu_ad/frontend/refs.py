@@ -36,6 +36,12 @@ class Ref(ABC):
                 raise CompileError(f"cannot assign a value of shape {value.shape} to {self.describe()} of shape {self.shape}", o.b.loc)
             return list(value.entries)
         if isinstance(value, (list, tuple)):
+            if len(self.shape) == 2 and value and all(isinstance(r, (list, tuple, Mat)) for r in value):
+                rows = [list(r.entries) if isinstance(r, Mat) else list(r) for r in value]  # [[a, b], [c, d]]
+                if [len(r) for r in rows] != [self.shape[1]] * self.shape[0]:
+                    raise CompileError(f"cannot assign rows of lengths {[len(r) for r in rows]} to "
+                                       f"{self.describe()} of shape {self.shape}", o.b.loc)
+                value = [e for r in rows for e in r]
             if len(value) != n:
                 raise CompileError(f"cannot assign {len(value)} values to {self.describe()} with {n} components", o.b.loc)
             return list(value)

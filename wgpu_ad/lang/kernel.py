@@ -2,12 +2,15 @@
 lang/launch.py's."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import inspect
 import types
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
+
+import numpy as np
 
 from .. import plan
 from ..compiler.options import current as _options
@@ -28,6 +31,45 @@ def _get_runtime():
     global _get_runtime
     _get_runtime = device.get_runtime
     return device.get_runtime()
+
+
+_PLAIN = (int, float, bool)  # argument types that name themselves in keys
+READ_LOG = 4096  # argument sets per kernel whose reads kernel.grad() can check (as WRITE_LOG in storage.py)
+
+
+def _versions_key(reads: list, args: tuple) -> tuple:
+    """Names the launch kernel.grad(*args) differentiates: the storages it read and its arguments
+    (k(t) and k(t + 1) read different elements, and k.grad(t) must compare with k(t)'s reads)."""
+    ids = tuple(map(id, reads))
+    if all(type(a) in _PLAIN for a in args):
+        return ids, args
+
+    def value(a):
+        if isinstance(a, (int, float, str, np.generic)) or a is None:
+            return a
+        if isinstance(a, (list, tuple, np.ndarray)):  # a vector argument
+            return tuple(np.asarray(a).ravel().tolist())
+        return id(a)  # a field, ndarray or template object
+    return ids, tuple(value(a) for a in args)
+
+
+class _Wrote:
+    """A launch in the write logs of the storages it wrote (Storage.writes): the footprint indices
+    it wrote in one of them, computed only when kernel.grad() asks (a launch pays for an append).
+    Storages are held weakly (the log lives on them); None once one is gone."""
+
+    __slots__ = ("lc", "held")
+
+    def __init__(self, lc: Launcher, args: tuple):
+        self.lc = lc
+        self.held = args if all(type(a) in _PLAIN for a in args) else tuple(
+            weakref.ref(a) if isinstance(a, _storage.Storage) else a for a in args)
+
+    def indices(self, st) -> list | None:
+        live = tuple(a() if isinstance(a, weakref.ref) else a for a in self.held)
+        if any(v is None for v in live):
+            return None
+        return [idx for obj, kind, idx in self.lc.footprint(live) if obj is st and kind not in ("load", "load_before")]
 
 
 def _ad():
@@ -139,7 +181,10 @@ class Kernel:
         self._cache: dict = {}
         self._grad_cache: dict = {}
         self._dual_cache: dict = {}
-        self._read_versions: dict = {}  # ids of the storages a launch read -> [(weakref, version)]
+        # _versions_key of a launch -> [(weakref, version)] of what it read, for the latest READ_LOG
+        # argument sets; _forgot: older ones were dropped (a kernel.grad() for one of those is refused)
+        self._read_versions: collections.OrderedDict = collections.OrderedDict()
+        self._forgot = False
         self._keep = LaunchKeep(fn.__name__)  # copies and scratch kept for adjoints (keep.py)
         # checked forward variants (passes/autodiff/shadow.py) per forward Launcher id, spare shadow
         # buffers by size, and per launch key (_run_key) whether its latest launch was checked
@@ -355,28 +400,60 @@ class Kernel:
 
     def _note_versions(self, lc, args) -> None:
         """A forward launch: bump the versions of what it wrote, remember those of what it read."""
-        for get in lc.writes:
-            st = get(args)
-            st.version += 1
-            st.writer = f"kernel '{self.__name__}'"
+        if lc.writes:
+            who, wrote = f"kernel '{self.__name__}'", _Wrote(lc, args)
+            for get in lc.writes:
+                st = get(args)
+                st.version += 1
+                st.writer = who
+                st.writes.append((st.version, who, wrote))
         if lc.loads:
             reads = [get(args) for get in lc.loads]
-            self._read_versions[tuple(map(id, reads))] = [(weakref.ref(st), st.version) for st in reads]
+            key = _versions_key(reads, args)
+            versions = self._read_versions
+            if key in versions:
+                versions.move_to_end(key)
+            versions[key] = [(weakref.ref(st), st.version) for st in reads]
+            if len(versions) > READ_LOG:
+                versions.popitem(last=False)
+                self._forgot = True
 
     def _check_versions(self, lc, args) -> None:
         """kernel.grad() by hand: refuse when a storage the last forward launch with these
         arguments read was written since (its adjoint would replay the new values)."""
+        from ..ad.overwrite import overlap
         reads = [get(args) for get in lc.loads]
-        for ref, version in self._read_versions.get(tuple(map(id, reads)), ()):
+        footprint = None
+        record = self._read_versions.get(_versions_key(reads, args))
+        if record is None and self._forgot and reads:
+            raise WgpuAdError(
+                f"{self.__name__}.grad(): kernel '{self.__name__}' ran with more than {READ_LOG} other argument "
+                f"sets since its launch with these arguments (if there was one), and what that launch read is "
+                f"no longer known, so its gradient cannot be trusted. Launch {self.__name__} with these "
+                f"arguments again right before its .grad(), or record the launches in ti.ad.Tape")
+        for ref, version in record or ():
             st = ref()
-            if st is not None and st.version != version:
+            if st is None or st.version == version:
+                continue
+            since = [w for w in st.writes if w[0] > version]
+            if len(since) != st.version - version:  # older than the log: assume the worst
+                since = [(None, st.writer, None)]
+            if footprint is None:
+                footprint = lc.footprint(args)
+            read = [idx for obj, kind, idx in footprint if obj is st and kind == "load"]
+            for _version, who, wrote in since:
+                idx = wrote.indices(st) if wrote is not None else None
+                if idx is not None and not any(overlap(r, w) for r in read for w in idx):
+                    continue  # other elements (x[t + 1] written, x[t] read): the replay sees the same values
                 name = st.name or "the field"
                 raise WgpuAdError(
                     f"{self.__name__}.grad(): kernel '{self.__name__}' read {st._label()} when it ran, and "
-                    f"{st.writer} wrote it since, so the gradient would be computed from the new values and be "
+                    f"{who} wrote it since, so the gradient would be computed from the new values and be "
                     f"silently wrong. Call {self.__name__}.grad() before {name} is overwritten (gradients go in "
-                    f"the reverse order of the launches), keep one copy per step ({name}[t + 1] = f({name}[t])), "
-                    f"or record the launches in ti.ad.Tape, which orders them for you")
+                    f"the reverse order of the launches), launch {self.__name__} again right before its .grad() "
+                    f"once {name} holds what it read (recomputed), keep one copy per step "
+                    f"({name}[t + 1] = f({name}[t])), or record the launches in ti.ad.Tape, which orders them "
+                    f"for you")
 
     def _call_external(self, args):
         """A launch with host arrays (lang/external.py): copied in, launched, written back."""

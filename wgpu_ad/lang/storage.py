@@ -6,6 +6,7 @@ row-major over `shape`, element components innermost; scalar index = flat(I) * p
 """
 from __future__ import annotations
 
+import collections
 import math
 from abc import ABC, abstractmethod
 import operator
@@ -29,6 +30,10 @@ def set_host_guard(guard):
     prev, host_guard = host_guard, guard
     return prev
 
+
+# How many of its latest writes a storage remembers for kernel.grad()'s check (lang/kernel.py): a
+# simulation of that many stored steps differentiated by hand; past that the check assumes the worst.
+WRITE_LOG = 4096
 
 # Every storage alive; reset() drops their buffers so GPU memory goes with the device.
 _live: "weakref.WeakSet[Storage]" = weakref.WeakSet()
@@ -98,6 +103,10 @@ class Storage(ABC):
         # refuses to run when what its forward launch read has changed since (lang/kernel.py)
         self.version = 0
         self.writer = ""  # who wrote it last, for that message
+        # the latest writes, (version, who, launch): a kernel launch's record gives the footprint
+        # indices it wrote (lang/kernel.py _Wrote), None stands for every element; kernel.grad()
+        # accepts a write since its launch that provably missed what it read (x[t + 1] after x[t])
+        self.writes: collections.deque = collections.deque(maxlen=WRITE_LOG)
         self._grad: Storage | None = None
         self._dual: Storage | None = None  # forward mode's tangent (needs_dual=True, lazy_dual())
         self._gen = _rt.generation()
@@ -353,6 +362,7 @@ class Storage(ABC):
         """Note a write (see version)."""
         self.version += 1
         self.writer = who
+        self.writes.append((self.version, who, None))
         if not self.is_grad and not self.host_copy:
             from ..ad import state  # (import-free module; lang is imported first)
             tape = state.current_tape  # (a ti.ad.checkpoint recorder watches through host_guard instead)
