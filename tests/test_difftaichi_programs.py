@@ -286,6 +286,164 @@ def test_mpm_in_place_under_checkpoint():
     assert_grad(E.grad[None], ref_E, what="d loss / d E")
 
 
+def test_mpm_with_diffmpms_manual_backward_pass():
+    """diffmpm's own structure: fields placed with ti.root.dense(...).place() and lazy_grad(), one
+    grid reused by every step (cleared with its gradients by a kernel), and a backward pass by hand
+    that recomputes each step's grid before calling g2p.grad, grid_op.grad, p2g.grad. g2p read the
+    grid of its step, which later steps overwrote: as written, g2p.grad is refused with a clear fix;
+    launching g2p(s) again on the recomputed grid gives the gradients of the stored-state program."""
+    steps, n, n_grid = MPM_STEPS, MPM_N, MPM_GRID
+    dx, inv_dx, dt, p_vol, p_mass = MPM_DX, MPM_INV_DX, MPM_DT, MPM_P_VOL, MPM_P_MASS
+    gravity, bound = MPM_GRAVITY, MPM_BOUND
+    scalar = lambda: ti.field(dtype=ti.f32)  # noqa: E731 (diffmpm's shorthands)
+    vec = lambda: ti.Vector.field(2, dtype=ti.f32)  # noqa: E731
+    mat = lambda: ti.Matrix.field(2, 2, dtype=ti.f32)  # noqa: E731
+    x, v = vec(), vec()
+    grid_v_in, grid_m_in = vec(), scalar()
+    grid_v_out = vec()
+    C, F = mat(), mat()
+    E = scalar()
+    loss = scalar()
+    init_v = vec()
+    ti.root.dense(ti.i, steps).dense(ti.j, n).place(x, v, C, F)
+    ti.root.dense(ti.ij, n_grid).place(grid_v_in, grid_m_in, grid_v_out)
+    ti.root.dense(ti.i, n).place(init_v)
+    ti.root.place(loss, E)
+    ti.root.lazy_grad()
+
+    @ti.kernel
+    def set_v():
+        for p in range(n):
+            v[0, p] = init_v[p]
+            F[0, p] = ti.Matrix.identity(ti.f32, 2)
+
+    @ti.kernel
+    def clear_grid():
+        for i, j in grid_m_in:
+            grid_v_in[i, j] = [0, 0]
+            grid_m_in[i, j] = 0
+            grid_v_in.grad[i, j] = [0, 0]
+            grid_m_in.grad[i, j] = 0
+            grid_v_out.grad[i, j] = [0, 0]
+
+    @ti.kernel
+    def p2g(f: ti.i32):
+        for p in range(n):
+            base = ti.cast(x[f, p] * inv_dx - 0.5, ti.i32)
+            fx = x[f, p] * inv_dx - ti.cast(base, ti.i32)
+            w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1) ** 2, 0.5 * (fx - 0.5) ** 2]
+            new_F = (ti.Matrix.diag(dim=2, val=1) + dt * C[f, p]) @ F[f, p]
+            J = (new_F).determinant()
+            F[f + 1, p] = new_F
+            r, s = ti.polar_decompose(new_F)
+            mu, la = E[None] / 2.4, E[None] * 0.2 / 0.48
+            cauchy = 2 * mu * (new_F - r) @ new_F.transpose() + ti.Matrix.diag(2, la * (J - 1) * J)
+            stress = -(dt * p_vol * 4 * inv_dx * inv_dx) * cauchy
+            affine = stress + p_mass * C[f, p]
+            for i in ti.static(range(3)):
+                for j in ti.static(range(3)):
+                    offset = ti.Vector([i, j])
+                    dpos = (ti.cast(ti.Vector([i, j]), ti.f32) - fx) * dx
+                    weight = w[i][0] * w[j][1]
+                    grid_v_in[base + offset] += weight * (p_mass * v[f, p] + affine @ dpos)
+                    grid_m_in[base + offset] += weight * p_mass
+
+    @ti.kernel
+    def grid_op():
+        for i, j in ti.ndrange(n_grid, n_grid):
+            inv_m = 1 / (grid_m_in[i, j] + 1e-10)
+            v_out = inv_m * grid_v_in[i, j]
+            v_out[1] -= dt * gravity
+            if i < bound and v_out[0] < 0:
+                v_out[0] = 0
+            if i > n_grid - bound and v_out[0] > 0:
+                v_out[0] = 0
+            if j < bound and v_out[1] < 0:
+                v_out[1] = 0
+            if j > n_grid - bound and v_out[1] > 0:
+                v_out[1] = 0
+            grid_v_out[i, j] = v_out
+
+    @ti.kernel
+    def g2p(f: ti.i32):
+        for p in range(n):
+            base = ti.cast(x[f, p] * inv_dx - 0.5, ti.i32)
+            fx = x[f, p] * inv_dx - ti.cast(base, ti.f32)
+            w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1.0) ** 2, 0.5 * (fx - 0.5) ** 2]
+            new_v = ti.Vector([0.0, 0.0])
+            new_C = ti.Matrix([[0.0, 0.0], [0.0, 0.0]])
+            for i in ti.static(range(3)):
+                for j in ti.static(range(3)):
+                    dpos = ti.cast(ti.Vector([i, j]), ti.f32) - fx
+                    g_v = grid_v_out[base[0] + i, base[1] + j]
+                    weight = w[i][0] * w[j][1]
+                    new_v += weight * g_v
+                    new_C += 4 * weight * g_v.outer_product(dpos) * inv_dx
+            v[f + 1, p] = new_v
+            x[f + 1, p] = x[f, p] + dt * v[f + 1, p]
+            C[f + 1, p] = new_C
+
+    @ti.kernel
+    def compute_loss():
+        for p, q in ti.ndrange(n, n):
+            loss[None] += (v[steps - 1, p] - v[steps - 1, q]).norm_sqr()
+
+    def forward():
+        set_v()
+        for s in range(steps - 1):
+            clear_grid()
+            p2g(s)
+            grid_op()
+            g2p(s)
+        loss[None] = 0
+        compute_loss()
+        return loss[None]
+
+    def backward(relaunch):
+        clear_particle_grad()
+        init_v.grad.fill(0); E.grad[None] = 0
+        loss.grad[None] = 1
+        compute_loss.grad()
+        for s in reversed(range(steps - 1)):
+            # the grid is not stored per step: p2g and grid_op run again before their adjoints
+            clear_grid()
+            p2g(s)
+            grid_op()
+            if relaunch:  # g2p read grid_v_out, which later steps overwrote: relaunch it on the recomputed grid
+                g2p(s)
+            g2p.grad(s)
+            grid_op.grad()
+            p2g.grad(s)
+        set_v.grad()
+
+    @ti.kernel
+    def clear_particle_grad():
+        for f, i in x:
+            x.grad[f, i] = [0, 0]
+            v.grad[f, i] = [0, 0]
+            C.grad[f, i] = [[0, 0], [0, 0]]
+            F.grad[f, i] = [[0, 0], [0, 0]]
+
+    rng = np.random.default_rng(1)
+    x0 = (0.45 + 0.1 * rng.random((n, 2))).astype(np.float32)
+    v0 = rng.standard_normal((n, 2)).astype(np.float32)
+    E0 = 2e4
+    for i in range(n):
+        x[0, i] = x0[i]
+    init_v.from_numpy(v0)
+    E[None] = E0
+    assert forward() == pytest.approx(mpm_reference(x0, v0, E0), rel=1e-5)
+    with pytest.raises(ti.WgpuAdError, match=r"g2p.grad\(\): kernel 'g2p' read field 'grid_v_out' when it ran, "
+                                             r"and kernel 'grid_op' wrote it since, .* launch g2p again right "
+                                             r"before its .grad\(\) once grid_v_out holds what it read"):
+        backward(relaunch=False)
+    backward(relaunch=True)
+    ref_x, ref_v, ref_E = central_diffs(lambda a, b, e: mpm_reference(a, b, float(e)), [x0, v0, np.float64(E0)])
+    assert_grad(x.grad.to_numpy()[0], ref_x, what="d loss / d x[0]")
+    assert_grad(init_v.grad.to_numpy(), ref_v, what="d loss / d init_v")
+    assert_grad(E.grad[None], ref_E, what="d loss / d E")
+
+
 # ---- 2. Smoke: semi-Lagrangian advection with bilinear interpolation, and a pressure projection ---
 
 SMOKE_N, SMOKE_STEPS, SMOKE_JACOBI, SMOKE_DT = 8, 4, 3, 0.6
