@@ -23,15 +23,24 @@ pytestmark = pytest.mark.gpu
 MPM_STEPS, MPM_N, MPM_GRID = 6, 6, 8
 MPM_DX, MPM_INV_DX, MPM_DT = 1.0 / MPM_GRID, float(MPM_GRID), 2e-3
 MPM_P_VOL, MPM_P_MASS, MPM_GRAVITY, MPM_BOUND = (MPM_DX * 0.5) ** 2, 1.0, 9.8, 2
+# diffmpm's actuation: per step, actuator a pulls along y with tanh(sum_j act_w[a, j] sin(omega t dt
+# + 2 pi j / n_sin) + act_b[a]); particle p belongs to actuator MPM_ACTUATOR[p] (-1: none); the loss adds
+# minus the mean height of the particles of type 1
+MPM_ACTUATOR, MPM_TYPE = np.array([0, 1, -1, 0, 1, -1]), np.array([1, 1, 0, 1, 1, 0])
+MPM_SIN, MPM_OMEGA, MPM_ACT_STRENGTH = 2, 40.0, 500.0
 
 
-def mpm_reference(x0, v0, E):
-    """The float64 port: returns the loss (the spread of the final particle velocities)."""
+def mpm_reference(x0, v0, E, act_w=None, act_b=None):
+    """The float64 port: returns the loss (the spread of the final particle velocities; with the
+    actuation weights act_w, act_b also minus the mean height of the type-1 particles)."""
     n, n_grid, dx, inv_dx, dt = MPM_N, MPM_GRID, MPM_DX, MPM_INV_DX, MPM_DT
     xs, vs = np.array(x0, np.float64), np.array(v0, np.float64)
     Cs, Fs = np.zeros((n, 2, 2)), np.tile(np.eye(2), (n, 1, 1))
     mu, la = E / 2.4, E * 0.2 / 0.48
-    for _ in range(MPM_STEPS - 1):
+    for step in range(MPM_STEPS - 1):
+        if act_w is not None:
+            waves = np.sin(MPM_OMEGA * step * dt + 2 * np.pi / MPM_SIN * np.arange(MPM_SIN))
+            actuation = np.tanh(act_w @ waves + act_b)
         gv, gm = np.zeros((n_grid, n_grid, 2)), np.zeros((n_grid, n_grid))
         for p in range(n):
             base = (xs[p] * inv_dx - 0.5).astype(int)
@@ -44,6 +53,9 @@ def mpm_reference(x0, v0, E):
             c, s = c / np.hypot(c, s), s / np.hypot(c, s)
             R = np.array([[c, -s], [s, c]])
             cauchy = 2 * mu * (F - R) @ F.T + np.eye(2) * la * (J - 1) * J
+            if act_w is not None and MPM_ACTUATOR[p] != -1:
+                act = actuation[MPM_ACTUATOR[p]] * MPM_ACT_STRENGTH
+                cauchy += F @ np.array([[0.0, 0.0], [0.0, act]]) @ F.T
             affine = -(dt * MPM_P_VOL * 4 * inv_dx * inv_dx) * cauchy + MPM_P_MASS * Cs[p]
             for i in range(3):
                 for j in range(3):
@@ -72,10 +84,14 @@ def mpm_reference(x0, v0, E):
                     new_C += 4 * inv_dx * wt * np.outer(g, np.array([i, j]) - fx)
             vs[p], Cs[p] = new_v, new_C
             xs[p] = xs[p] + dt * new_v
-    return ((vs[:, None] - vs[None]) ** 2).sum()
+    spread = ((vs[:, None] - vs[None]) ** 2).sum()
+    return spread if act_w is None else spread - xs[MPM_TYPE == 1, 1].mean()
 
 
-def test_mpm_gradient_wrt_initial_velocity_position_and_youngs_modulus():
+def test_mpm_with_actuation_gradient_wrt_weights_initial_state_and_youngs_modulus():
+    """Stored states x[t, p] ... on one tape, diffmpm's actuation network (sin waves, tanh) read
+    through each particle's actuator id (a data-dependent index), and its loss term: the mean
+    height of the type-1 particles, summed with ti.atomic_add under a branch on the type."""
     steps, n, n_grid = MPM_STEPS, MPM_N, MPM_GRID
     dx, inv_dx, dt, p_vol, p_mass = MPM_DX, MPM_INV_DX, MPM_DT, MPM_P_VOL, MPM_P_MASS
     gravity, bound = MPM_GRAVITY, MPM_BOUND
@@ -88,6 +104,13 @@ def test_mpm_gradient_wrt_initial_velocity_position_and_youngs_modulus():
     grid_v_out = ti.Vector.field(2, ti.f32, shape=(steps, n_grid, n_grid), needs_grad=True)
     E = ti.field(ti.f32, shape=(), needs_grad=True)
     init_v = ti.Vector.field(2, ti.f32, shape=n, needs_grad=True)
+    n_act, n_sin, omega, act_strength = 2, MPM_SIN, MPM_OMEGA, MPM_ACT_STRENGTH
+    weights = ti.field(ti.f32, shape=(n_act, n_sin), needs_grad=True)
+    bias = ti.field(ti.f32, shape=n_act, needs_grad=True)
+    actuation = ti.field(ti.f32, shape=(steps, n_act), needs_grad=True)
+    actuator_id = ti.field(ti.i32, shape=n)
+    particle_type = ti.field(ti.i32, shape=n)
+    x_avg = ti.Vector.field(2, ti.f32, shape=(), needs_grad=True)
     loss = ti.field(ti.f32, shape=(), needs_grad=True)
 
     @ti.kernel
@@ -95,6 +118,15 @@ def test_mpm_gradient_wrt_initial_velocity_position_and_youngs_modulus():
         for p in range(n):
             v[0, p] = init_v[p]
             F[0, p] = ti.Matrix.identity(ti.f32, 2)
+
+    @ti.kernel
+    def compute_actuation(t: ti.i32):
+        for i in range(n_act):
+            act = 0.0
+            for j in ti.static(range(n_sin)):
+                act += weights[i, j] * ti.sin(omega * t * dt + 2 * np.pi / n_sin * j)
+            act += bias[i]
+            actuation[t, i] = ti.tanh(act)
 
     @ti.kernel
     def p2g(f: ti.i32):
@@ -108,6 +140,12 @@ def test_mpm_gradient_wrt_initial_velocity_position_and_youngs_modulus():
             r, s = ti.polar_decompose(new_F)
             mu, la = E[None] / 2.4, E[None] * 0.2 / 0.48
             cauchy = 2 * mu * (new_F - r) @ new_F.transpose() + ti.Matrix.diag(2, la * (J - 1) * J)
+            act_id = actuator_id[p]
+            act = actuation[f, ti.max(0, act_id)] * act_strength
+            if act_id == -1:
+                act = 0.0
+            A = ti.Matrix([[0.0, 0.0], [0.0, 1.0]]) * act
+            cauchy += new_F @ A @ new_F.transpose()
             stress = -(dt * p_vol * 4 * inv_dx * inv_dx) * cauchy
             affine = stress + p_mass * C[f, p]
             for i, j in ti.static(ti.ndrange(3, 3)):
@@ -152,9 +190,18 @@ def test_mpm_gradient_wrt_initial_velocity_position_and_youngs_modulus():
             C[f + 1, p] = new_C
 
     @ti.kernel
+    def compute_x_avg():
+        for i in range(n):
+            contrib = 0.0
+            if particle_type[i] == 1:
+                contrib = 1.0 / n_solid
+            ti.atomic_add(x_avg[None], contrib * x[steps - 1, i])
+
+    @ti.kernel
     def compute_loss():
         for p, q in ti.ndrange(n, n):
             loss[None] += (v[steps - 1, p] - v[steps - 1, q]).norm_sqr()
+        loss[None] -= x_avg[None][1]
 
     rng = np.random.default_rng(1)
     x0 = (0.45 + 0.1 * rng.random((n, 2))).astype(np.float32)
@@ -165,19 +212,32 @@ def test_mpm_gradient_wrt_initial_velocity_position_and_youngs_modulus():
     x.from_numpy(xs)
     init_v.from_numpy(v0)
     E[None] = E0
+    w0, b0 = rng.standard_normal((n_act, n_sin)), 0.1 * rng.standard_normal(n_act)
+    weights.from_numpy(w0.astype(np.float32))
+    bias.from_numpy(b0.astype(np.float32))
+    actuator_id.from_numpy(MPM_ACTUATOR.astype(np.int32))
+    particle_type.from_numpy(MPM_TYPE.astype(np.int32))
+    n_solid = int(MPM_TYPE.sum())
     with ti.ad.Tape(loss=loss):
         set_v()
         for s in range(steps - 1):
+            compute_actuation(s)
             p2g(s)
             grid_op(s)
             g2p(s)
+        compute_x_avg()
         compute_loss()
 
-    assert loss[None] == pytest.approx(mpm_reference(x0, v0, E0), rel=1e-5)
-    ref_x, ref_v, ref_E = central_diffs(lambda a, b, e: mpm_reference(a, b, float(e)), [x0, v0, np.float64(E0)])
+    def f(x0_, v0_, e, w, b):
+        return mpm_reference(x0_, v0_, float(e), w, b)
+    inputs = [x0, v0, np.float64(E0), w0, b0]
+    assert loss[None] == pytest.approx(f(*inputs), rel=1e-5)
+    ref_x, ref_v, ref_E, ref_w, ref_b = central_diffs(f, inputs)
     assert_grad(x.grad.to_numpy()[0], ref_x, what="d loss / d x[0]")
     assert_grad(init_v.grad.to_numpy(), ref_v, what="d loss / d init_v")
     assert_grad(E.grad[None], ref_E, what="d loss / d E")
+    assert_grad(weights.grad.to_numpy(), ref_w, what="d loss / d weights")
+    assert_grad(bias.grad.to_numpy(), ref_b, what="d loss / d bias")
 
 
 def test_mpm_in_place_under_checkpoint():
