@@ -346,12 +346,15 @@ def test_mpm_in_place_under_checkpoint():
     assert_grad(E.grad[None], ref_E, what="d loss / d E")
 
 
-def test_mpm_with_diffmpms_manual_backward_pass():
+@pytest.mark.parametrize("form", ["by_hand", "grad_replaced"])
+def test_mpm_with_diffmpms_manual_backward_pass(form):
     """diffmpm's own structure: fields placed with ti.root.dense(...).place() and lazy_grad(), one
-    grid reused by every step (cleared with its gradients by a kernel), and a backward pass by hand
-    that recomputes each step's grid before calling g2p.grad, grid_op.grad, p2g.grad. g2p read the
-    grid of its step, which later steps overwrote: as written, g2p.grad is refused with a clear fix;
-    launching g2p(s) again on the recomputed grid gives the gradients of the stored-state program."""
+    grid reused by every step (cleared with its gradients by a kernel), and each step's grid
+    recomputed before g2p.grad, grid_op.grad, p2g.grad. `by_hand`: the older diffmpm's backward
+    pass with kernel.grad() calls; g2p read the grid of its step, which later steps overwrote, so
+    as written g2p.grad is refused with a clear fix, and launching g2p(s) again on the recomputed
+    grid gives the gradients of the stored-state program. `grad_replaced`: today's diffmpm, the
+    step a ti.ad.grad_replaced function whose ti.ad.grad_for recomputes the grid, on a tape."""
     steps, n, n_grid = MPM_STEPS, MPM_N, MPM_GRID
     dx, inv_dx, dt, p_vol, p_mass = MPM_DX, MPM_INV_DX, MPM_DT, MPM_P_VOL, MPM_P_MASS
     gravity, bound = MPM_GRAVITY, MPM_BOUND
@@ -492,12 +495,36 @@ def test_mpm_with_diffmpms_manual_backward_pass():
         x[0, i] = x0[i]
     init_v.from_numpy(v0)
     E[None] = E0
-    assert forward() == pytest.approx(mpm_reference(x0, v0, E0), rel=1e-5)
-    with pytest.raises(ti.WgpuAdError, match=r"g2p.grad\(\): kernel 'g2p' read field 'grid_v_out' when it ran, "
-                                             r"and kernel 'grid_op' wrote it since, .* launch g2p again right "
-                                             r"before its .grad\(\) once grid_v_out holds what it read"):
-        backward(relaunch=False)
-    backward(relaunch=True)
+    if form == "by_hand":
+        assert forward() == pytest.approx(mpm_reference(x0, v0, E0), rel=1e-5)
+        with pytest.raises(ti.WgpuAdError, match=r"g2p.grad\(\): kernel 'g2p' read field 'grid_v_out' when it "
+                                                 r"ran, and kernel 'grid_op' wrote it since, .* launch g2p again "
+                                                 r"right before its .grad\(\) once grid_v_out holds what it read"):
+            backward(relaunch=False)
+        backward(relaunch=True)
+    else:
+        @ti.ad.grad_replaced
+        def advance(s):
+            clear_grid()
+            p2g(s)
+            grid_op()
+            g2p(s)
+
+        @ti.ad.grad_for(advance)
+        def advance_grad(s):
+            clear_grid()
+            p2g(s)
+            grid_op()
+            g2p.grad(s)
+            grid_op.grad()
+            p2g.grad(s)
+
+        with ti.ad.Tape(loss=loss):
+            set_v()
+            for s in range(steps - 1):
+                advance(s)
+            compute_loss()
+        assert loss[None] == pytest.approx(mpm_reference(x0, v0, E0), rel=1e-5)
     ref_x, ref_v, ref_E = central_diffs(lambda a, b, e: mpm_reference(a, b, float(e)), [x0, v0, np.float64(E0)])
     assert_grad(x.grad.to_numpy()[0], ref_x, what="d loss / d x[0]")
     assert_grad(init_v.grad.to_numpy(), ref_v, what="d loss / d init_v")
