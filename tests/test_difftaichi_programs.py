@@ -1137,3 +1137,156 @@ def test_mass_spring_robot_controller_gradient_wrt_the_weights():
     refs = central_diffs(mass_spring_reference, [w1, b1, w2, b2])
     for f, ref in zip((weights1, bias1, weights2, bias2), refs):
         assert_grad(f.grad.to_numpy(), ref, what=f"d loss / d {f.name}")
+
+
+# ---- 7. Rigid bodies: two boxes joined by an actuated spring, ground contact with friction -------
+
+RB_STEPS, RB_DT, RB_HALF, RB_MASS, RB_E, RB_MU = 20, 0.01, np.array([0.05, 0.03]), 1.0, 0.3, 0.4
+RB_GROUND, RB_GRAVITY, RB_K = 0.1, -9.8, 200.0
+RB_ANCHOR = np.array([[0.05, 0.03], [-0.05, 0.03]])   # the spring's ends, in each box's frame
+RB_CORNERS = np.array([[-1, -1], [1, -1], [1, 1], [-1, 1]]) * RB_HALF
+RB_REST = 0.06   # the spring's rest length (times 1 + act[t])
+
+
+def rigid_reference(x0, r0, v0, act, margins=None, contacts=None):
+    """The float64 port: returns |x_T[1] - (0.5, 0.15)|^2 + 0.1 r_T[0]^2. `margins` collects how
+    far each contact and friction test is from switching, `contacts` the (step, box, sliding) of
+    each contact."""
+    inv_m = 1 / RB_MASS
+    inv_i = 1 / (RB_MASS * ((2 * RB_HALF) ** 2).sum() / 12)
+    x, r, v = np.array(x0, np.float64), np.array(r0, np.float64), np.array(v0, np.float64)
+    w = np.zeros(2)
+
+    def rot(a):
+        return np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]])
+
+    def cross(a, b):
+        return a[0] * b[1] - a[1] * b[0]
+    rest = RB_REST
+    for t in range(RB_STEPS):
+        v_inc, w_inc = np.zeros((2, 2)), np.zeros(2)
+        for i in range(2):
+            for c in RB_CORNERS:
+                off = rot(r[i]) @ c
+                p = x[i] + off
+                pv = v[i] + w[i] * np.array([-off[1], off[0]])
+                if margins is not None:
+                    margins.append(abs(p[1] - RB_GROUND) if pv[1] < 0 else abs(pv[1]))
+                if p[1] < RB_GROUND and pv[1] < 0:
+                    rn = cross(off, np.array([0.0, 1.0]))
+                    jn = -(1 + RB_E) * pv[1] / (inv_m + inv_i * rn * rn)
+                    rt = cross(off, np.array([1.0, 0.0]))
+                    jt = -pv[0] / (inv_m + inv_i * rt * rt)
+                    if margins is not None:
+                        margins.append(abs(abs(jt) - RB_MU * jn))
+                        contacts.append((t, i, abs(jt) > RB_MU * jn))
+                    jt = min(max(jt, -RB_MU * jn), RB_MU * jn)
+                    imp = np.array([jt, jn])
+                    v_inc[i] += imp * inv_m
+                    w_inc[i] += cross(off, imp) * inv_i
+        a0, a1 = x[0] + rot(r[0]) @ RB_ANCHOR[0], x[1] + rot(r[1]) @ RB_ANCHOR[1]
+        d = a1 - a0
+        length = np.sqrt((d ** 2).sum())
+        f = RB_DT * RB_K * (length - rest * (1 + act[t])) * d / length
+        for i, (a, s) in enumerate(((a0, 1), (a1, -1))):
+            v_inc[i] += s * f * inv_m
+            w_inc[i] += cross(a - x[i], s * f) * inv_i
+        v = v + v_inc + RB_DT * np.array([0.0, RB_GRAVITY])
+        w = w + w_inc
+        x = x + RB_DT * v
+        r = r + RB_DT * w
+    return ((x[1] - [0.5, 0.15]) ** 2).sum() + 0.1 * r[0] ** 2
+
+
+def test_rigid_bodies_gradient_wrt_initial_state_and_actuation():
+    steps, dt, e, mu, ground, gravity, k = RB_STEPS, RB_DT, RB_E, RB_MU, RB_GROUND, RB_GRAVITY, RB_K
+    inv_m = 1 / RB_MASS
+    inv_i = 1 / (RB_MASS * float(((2 * RB_HALF) ** 2).sum()) / 12)
+    hx, hy = (float(h) for h in RB_HALF)
+    x = ti.Vector.field(2, ti.f32, shape=(steps + 1, 2), needs_grad=True)
+    v = ti.Vector.field(2, ti.f32, shape=(steps + 1, 2), needs_grad=True)
+    rotation = ti.field(ti.f32, shape=(steps + 1, 2), needs_grad=True)
+    omega = ti.field(ti.f32, shape=(steps + 1, 2), needs_grad=True)
+    v_inc = ti.Vector.field(2, ti.f32, shape=(steps + 1, 2), needs_grad=True)
+    omega_inc = ti.field(ti.f32, shape=(steps + 1, 2), needs_grad=True)
+    act = ti.field(ti.f32, shape=steps, needs_grad=True)
+    anchor = ti.Vector.field(2, ti.f32, shape=2)
+    rest = ti.field(ti.f32, shape=())
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.func
+    def rotation_matrix(r):
+        return ti.Matrix([[ti.cos(r), -ti.sin(r)], [ti.sin(r), ti.cos(r)]])
+
+    @ti.func
+    def to_world(t, i, rela_x):
+        return x[t, i] + rotation_matrix(rotation[t, i]) @ rela_x
+
+    @ti.func
+    def apply_impulse(t, i, impulse, location):
+        ti.atomic_add(v_inc[t + 1, i], impulse * inv_m)
+        ti.atomic_add(omega_inc[t + 1, i], (location - x[t, i]).cross(impulse) * inv_i)
+
+    @ti.kernel
+    def collide(t: ti.i32):
+        for i in range(2):
+            for c in ti.static(range(4)):
+                corner = ti.Vector([hx * (1 if c in (1, 2) else -1), hy * (1 if c >= 2 else -1)])
+                p = to_world(t, i, corner)
+                off = p - x[t, i]
+                pv = v[t, i] + omega[t, i] * ti.Vector([-off[1], off[0]])
+                if p[1] < ground and pv[1] < 0:
+                    rn = off.cross(ti.Vector([0.0, 1.0]))
+                    jn = -(1 + e) * pv[1] / (inv_m + inv_i * rn * rn)
+                    rt = off.cross(ti.Vector([1.0, 0.0]))
+                    jt = ti.math.clamp(-pv[0] / (inv_m + inv_i * rt * rt), -mu * jn, mu * jn)
+                    apply_impulse(t, i, ti.Vector([jt, jn]), p)
+
+    @ti.kernel
+    def apply_spring_force(t: ti.i32):
+        a0, a1 = to_world(t, 0, anchor[0]), to_world(t, 1, anchor[1])
+        d = a1 - a0
+        length = d.norm()
+        f = dt * k * (length - rest[None] * (1 + act[t])) * d / length
+        apply_impulse(t, 0, f, a0)
+        apply_impulse(t, 1, -f, a1)
+
+    @ti.kernel
+    def advance(t: ti.i32):
+        for i in range(2):
+            v[t + 1, i] = v[t, i] + v_inc[t + 1, i] + dt * ti.Vector([0.0, gravity])
+            omega[t + 1, i] = omega[t, i] + omega_inc[t + 1, i]
+            x[t + 1, i] = x[t, i] + dt * v[t + 1, i]
+            rotation[t + 1, i] = rotation[t, i] + dt * omega[t + 1, i]
+
+    @ti.kernel
+    def compute_loss():
+        loss[None] = (x[steps, 1] - ti.Vector([0.5, 0.15])).norm_sqr() + 0.1 * rotation[steps, 0] ** 2
+
+    x0 = np.array([[0.3, 0.16], [0.42, 0.14]])
+    r0 = np.array([0.3, -0.2])
+    v0 = np.array([[0.5, -1.0], [0.2, -0.5]])
+    act0 = 0.2 * np.sin(np.arange(steps) * 0.7)
+    for f, a in ((x, x0), (v, v0), (rotation, r0)):
+        full = np.zeros((steps + 1,) + a.shape, np.float32)
+        full[0] = a
+        f.from_numpy(full)
+    act.from_numpy(act0.astype(np.float32))
+    anchor.from_numpy(RB_ANCHOR.astype(np.float32))
+    rest[None] = RB_REST
+    with ti.ad.Tape(loss=loss):
+        for t in range(steps):
+            collide(t)
+            apply_spring_force(t)
+            advance(t)
+        compute_loss()
+
+    margins: list = []
+    contacts: list = []
+    assert loss[None] == pytest.approx(rigid_reference(x0, r0, v0, act0, margins, contacts), rel=1e-5)
+    assert min(margins) > 1e-4, min(margins)  # no contact or friction cone switches within reach
+    assert len(contacts) >= 4 and {c[2] for c in contacts} == {True, False}  # sticking and sliding
+    refs = central_diffs(rigid_reference, [x0, r0, v0, act0])
+    for got, ref, what in zip((x.grad.to_numpy()[0], rotation.grad.to_numpy()[0], v.grad.to_numpy()[0],
+                               act.grad.to_numpy()), refs, ("x0", "rotation0", "v0", "act")):
+        assert_grad(got, ref, what=f"d loss / d {what}")
