@@ -31,59 +31,53 @@ MPM_SIN, MPM_OMEGA, MPM_ACT_STRENGTH = 2, 40.0, 500.0
 
 
 def mpm_reference(x0, v0, E, act_w=None, act_b=None):
-    """The float64 port: returns the loss (the spread of the final particle velocities; with the
-    actuation weights act_w, act_b also minus the mean height of the type-1 particles)."""
-    n, n_grid, dx, inv_dx, dt = MPM_N, MPM_GRID, MPM_DX, MPM_INV_DX, MPM_DT
+    """The float64 port (vectorised over particles and grid nodes): returns the loss (the spread of
+    the final particle velocities; with the actuation weights act_w, act_b also minus the mean
+    height of the type-1 particles)."""
+    n_grid, dx, inv_dx, dt = MPM_GRID, MPM_DX, MPM_INV_DX, MPM_DT
     xs, vs = np.array(x0, np.float64), np.array(v0, np.float64)
+    n = len(xs)
     Cs, Fs = np.zeros((n, 2, 2)), np.tile(np.eye(2), (n, 1, 1))
     mu, la = E / 2.4, E * 0.2 / 0.48
+    offsets = [(i, j) for i in range(3) for j in range(3)]
     for step in range(MPM_STEPS - 1):
+        base = (xs * inv_dx - 0.5).astype(int)
+        fx = xs * inv_dx - base
+        w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1) ** 2, 0.5 * (fx - 0.5) ** 2]   # each (n, 2)
+        F = (np.eye(2) + dt * Cs) @ Fs
+        Fs = F
+        J = np.linalg.det(F)
+        c, s = F[:, 0, 0] + F[:, 1, 1], F[:, 1, 0] - F[:, 0, 1]
+        c, s = c / np.hypot(c, s), s / np.hypot(c, s)
+        R = np.stack([np.stack([c, -s], -1), np.stack([s, c], -1)], -2)
+        cauchy = 2 * mu * (F - R) @ F.transpose(0, 2, 1) + (la * (J - 1) * J)[:, None, None] * np.eye(2)
         if act_w is not None:
             waves = np.sin(MPM_OMEGA * step * dt + 2 * np.pi / MPM_SIN * np.arange(MPM_SIN))
-            actuation = np.tanh(act_w @ waves + act_b)
+            act = np.tanh(act_w @ waves + act_b)[np.maximum(MPM_ACTUATOR, 0)] * MPM_ACT_STRENGTH
+            act = np.where(MPM_ACTUATOR == -1, 0.0, act)
+            cauchy = cauchy + F @ (act[:, None, None] * np.array([[0.0, 0.0], [0.0, 1.0]])) @ F.transpose(0, 2, 1)
+        affine = -(dt * MPM_P_VOL * 4 * inv_dx * inv_dx) * cauchy + MPM_P_MASS * Cs
         gv, gm = np.zeros((n_grid, n_grid, 2)), np.zeros((n_grid, n_grid))
-        for p in range(n):
-            base = (xs[p] * inv_dx - 0.5).astype(int)
-            fx = xs[p] * inv_dx - base
-            w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1) ** 2, 0.5 * (fx - 0.5) ** 2]
-            F = (np.eye(2) + dt * Cs[p]) @ Fs[p]
-            Fs[p] = F
-            J = np.linalg.det(F)
-            c, s = F[0, 0] + F[1, 1], F[1, 0] - F[0, 1]
-            c, s = c / np.hypot(c, s), s / np.hypot(c, s)
-            R = np.array([[c, -s], [s, c]])
-            cauchy = 2 * mu * (F - R) @ F.T + np.eye(2) * la * (J - 1) * J
-            if act_w is not None and MPM_ACTUATOR[p] != -1:
-                act = actuation[MPM_ACTUATOR[p]] * MPM_ACT_STRENGTH
-                cauchy += F @ np.array([[0.0, 0.0], [0.0, act]]) @ F.T
-            affine = -(dt * MPM_P_VOL * 4 * inv_dx * inv_dx) * cauchy + MPM_P_MASS * Cs[p]
-            for i in range(3):
-                for j in range(3):
-                    wt = w[i][0] * w[j][1]
-                    dpos = (np.array([i, j]) - fx) * dx
-                    gv[base[0] + i, base[1] + j] += wt * (MPM_P_MASS * vs[p] + affine @ dpos)
-                    gm[base[0] + i, base[1] + j] += wt * MPM_P_MASS
+        for i, j in offsets:
+            wt = w[i][:, 0] * w[j][:, 1]
+            dpos = (np.array([i, j]) - fx) * dx
+            mom = wt[:, None] * (MPM_P_MASS * vs + (affine @ dpos[:, :, None])[:, :, 0])
+            np.add.at(gv, (base[:, 0] + i, base[:, 1] + j), mom)
+            np.add.at(gm, (base[:, 0] + i, base[:, 1] + j), wt * MPM_P_MASS)
         gout = gv / (gm[..., None] + 1e-10)
         gout[..., 1] -= dt * MPM_GRAVITY
-        for i in range(n_grid):
-            for j in range(n_grid):
-                vo = gout[i, j]
-                if (i < MPM_BOUND and vo[0] < 0) or (i > n_grid - MPM_BOUND and vo[0] > 0):
-                    vo[0] = 0
-                if (j < MPM_BOUND and vo[1] < 0) or (j > n_grid - MPM_BOUND and vo[1] > 0):
-                    vo[1] = 0
-        for p in range(n):
-            base = (xs[p] * inv_dx - 0.5).astype(int)
-            fx = xs[p] * inv_dx - base
-            w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1) ** 2, 0.5 * (fx - 0.5) ** 2]
-            new_v, new_C = np.zeros(2), np.zeros((2, 2))
-            for i in range(3):
-                for j in range(3):
-                    g, wt = gout[base[0] + i, base[1] + j], w[i][0] * w[j][1]
-                    new_v += wt * g
-                    new_C += 4 * inv_dx * wt * np.outer(g, np.array([i, j]) - fx)
-            vs[p], Cs[p] = new_v, new_C
-            xs[p] = xs[p] + dt * new_v
+        gi, gj = np.meshgrid(np.arange(n_grid), np.arange(n_grid), indexing="ij")
+        gout[..., 0] = np.where(((gi < MPM_BOUND) & (gout[..., 0] < 0)) | ((gi > n_grid - MPM_BOUND) & (gout[..., 0] > 0)),
+                                0.0, gout[..., 0])
+        gout[..., 1] = np.where(((gj < MPM_BOUND) & (gout[..., 1] < 0)) | ((gj > n_grid - MPM_BOUND) & (gout[..., 1] > 0)),
+                                0.0, gout[..., 1])
+        new_v, new_C = np.zeros((n, 2)), np.zeros((n, 2, 2))
+        for i, j in offsets:
+            g, wt = gout[base[:, 0] + i, base[:, 1] + j], w[i][:, 0] * w[j][:, 1]
+            new_v += wt[:, None] * g
+            new_C += 4 * inv_dx * wt[:, None, None] * g[:, :, None] * (np.array([i, j]) - fx)[:, None, :]
+        vs, Cs = new_v, new_C
+        xs = xs + dt * new_v
     spread = ((vs[:, None] - vs[None]) ** 2).sum()
     return spread if act_w is None else spread - xs[MPM_TYPE == 1, 1].mean()
 
@@ -989,39 +983,29 @@ MS_GROUND, MS_GRAVITY, MS_STIFFNESS, MS_DAMPING, MS_STRENGTH, MS_OMEGA = 0.1, -4
 
 
 def mass_spring_reference(w1, b1, w2, b2, margins=None):
-    """The float64 port: returns -(x-coordinate of the centre at the end). `margins` collects how
-    far each ground contact test is from switching."""
-    n, ns = len(MS_OBJECTS), len(MS_SPRINGS)
-    rest = np.linalg.norm(MS_OBJECTS[MS_SPRINGS[:, 0]] - MS_OBJECTS[MS_SPRINGS[:, 1]], axis=1)
-    x, v = MS_OBJECTS.astype(np.float64), np.zeros((n, 2))
+    """The float64 port (vectorised over springs and masses): returns -(x-coordinate of the centre
+    at the end). `margins` collects how far each ground contact test is from switching."""
+    a, b = MS_SPRINGS[:, 0], MS_SPRINGS[:, 1]
+    rest = np.linalg.norm(MS_OBJECTS[a] - MS_OBJECTS[b], axis=1)
+    x, v = MS_OBJECTS.astype(np.float64), np.zeros((len(MS_OBJECTS), 2))
     for t in range(1, MS_STEPS):
-        center = x.mean(0)
-        inputs = [np.sin(MS_OMEGA * (t - 1) * MS_DT + 2 * np.pi / MS_SIN * j) for j in range(MS_SIN)]
-        for j in range(n):
-            off = x[j] - center
-            inputs += [off[0] * 0.05, off[1] * 0.05, v[j, 0] * 0.05, v[j, 1] * 0.05]
-        hidden = np.tanh(w1 @ np.array(inputs) + b1)
-        act = np.tanh(w2 @ hidden + b2)
-        v_inc = np.zeros((n, 2))
-        for s, (a, b) in enumerate(MS_SPRINGS):
-            d = x[a] - x[b]
-            length = np.sqrt((d ** 2).sum()) + 1e-4
-            target = rest[s] * (1.0 + act[s] * MS_STRENGTH)
-            imp = MS_DT * (length - target) * MS_STIFFNESS / length * d
-            v_inc[a] -= imp
-            v_inc[b] += imp
-        for i in range(n):
-            old_v = np.exp(-MS_DT * MS_DAMPING) * v[i] + MS_DT * MS_GRAVITY * np.array([0.0, 1.0]) + v_inc[i]
-            old_x = x[i].copy()
-            new_x = old_x + MS_DT * old_v
-            new_v = old_v
-            if margins is not None:
-                margins.append(abs(new_x[1] - MS_GROUND) if old_v[1] < -1e-4 else abs(old_v[1] + 1e-4))
-            if new_x[1] < MS_GROUND and old_v[1] < -1e-4:
-                toi = -(old_x[1] - MS_GROUND) / old_v[1]
-                new_v = np.zeros(2)
-                new_x = old_x + toi * old_v + (MS_DT - toi) * new_v
-            v[i], x[i] = new_v, new_x
+        waves = np.sin(MS_OMEGA * (t - 1) * MS_DT + 2 * np.pi / MS_SIN * np.arange(MS_SIN))
+        inputs = np.concatenate([waves, 0.05 * np.concatenate([x - x.mean(0), v], 1).ravel()])
+        act = np.tanh(w2 @ np.tanh(w1 @ inputs + b1) + b2)
+        d = x[a] - x[b]
+        length = np.sqrt((d ** 2).sum(1)) + 1e-4
+        imp = (MS_DT * (length - rest * (1.0 + act * MS_STRENGTH)) * MS_STIFFNESS / length)[:, None] * d
+        v_inc = np.zeros_like(v)
+        np.add.at(v_inc, a, -imp)
+        np.add.at(v_inc, b, imp)
+        old_v = np.exp(-MS_DT * MS_DAMPING) * v + MS_DT * MS_GRAVITY * np.array([0.0, 1.0]) + v_inc
+        new_x = x + MS_DT * old_v
+        hit = (new_x[:, 1] < MS_GROUND) & (old_v[:, 1] < -1e-4)
+        if margins is not None:
+            margins.extend(np.where(old_v[:, 1] < -1e-4, np.abs(new_x[:, 1] - MS_GROUND), np.abs(old_v[:, 1] + 1e-4)))
+        toi = np.where(hit, -(x[:, 1] - MS_GROUND) / np.where(hit, old_v[:, 1], 1.0), 0.0)
+        v = np.where(hit[:, None], 0.0, old_v)
+        x = x + toi[:, None] * old_v + (MS_DT - toi[:, None]) * v
     return -x.mean(0)[0]
 
 
