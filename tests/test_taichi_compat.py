@@ -710,6 +710,50 @@ def test_svd_and_polar_decompose_values_and_gradients(n):
     assert np.isfinite(g[n_unique:]).all()
 
 
+def test_static_grouped_ndrange_yields_index_vectors():
+    """diffmpm3d's stencil: `for offset in ti.static(ti.grouped(ti.ndrange(3, 3, 3)))` binds a
+    ti.Vector per offset (offset.cast(float), base + offset, offset[d]), as in Taichi (it bound a
+    tuple: "tuple has no attribute 'cast'"); gradient through a weight built from it."""
+    x = ti.Vector.field(3, ti.f32, shape=2, needs_grad=True)
+    g = ti.field(ti.f32, shape=(4, 4, 4), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def splat():
+        for p in x:
+            base = ti.cast(x[p], ti.i32)
+            fx = x[p] - base.cast(float)
+            for offset in ti.static(ti.grouped(ti.ndrange(2, 2, 2))):
+                weight = 1.0
+                for d in ti.static(range(3)):
+                    weight *= fx[d] if offset[d] == 1 else 1 - fx[d]
+                g[base + offset] += weight * (offset.cast(float) + 1).sum()
+
+    @ti.kernel
+    def total():
+        for I in ti.grouped(g):
+            loss[None] += g[I] * (I[0] - 2 * I[1] + 3 * I[2])
+
+    x0 = np.array([[0.3, 1.6, 2.2], [1.7, 0.4, 0.9]])
+    x.from_numpy(x0.astype(np.float32))
+    with ti.ad.Tape(loss):
+        splat()
+        total()
+
+    def f(xx):
+        out = 0.0
+        for p in range(2):
+            base = np.floor(xx[p]).astype(int)
+            fx = xx[p] - base
+            for o in np.ndindex(2, 2, 2):
+                w = np.prod([fx[d] if o[d] == 1 else 1 - fx[d] for d in range(3)])
+                node = base + o
+                out += w * (np.array(o) + 1).sum() * (node[0] - 2 * node[1] + 3 * node[2])
+        return out
+    assert loss[None] == pytest.approx(f(x0), rel=1e-5)
+    np.testing.assert_allclose(x.grad.to_numpy(), central_diff(f, x0), rtol=1e-4, atol=1e-4)
+
+
 def test_svd_of_an_unsupported_shape_is_refused():
     m = ti.Matrix.field(4, 4, ti.f32, shape=1)
 

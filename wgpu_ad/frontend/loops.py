@@ -89,6 +89,8 @@ def analyze_iter(fl, node: ast.For) -> LoopSpec:
             return LoopSpec([(_i32(fl, lo), _i32(fl, hi))], step=step)
         if callee is static:
             v = fl.visit(it)
+            if isinstance(v, Grouped):  # ti.static(ti.grouped(ti.ndrange(3, 3))): index vectors, as in Taichi
+                return LoopSpec([], static_items=[Mat(list(t), (len(t),)) for t in v])
             return LoopSpec([], static_items=v.entries if isinstance(v, Mat) else v)
     v = fl.visit(it)
     if isinstance(v, NdRange):
