@@ -276,6 +276,32 @@ def test_matrix_diag():
     np.testing.assert_array_equal(ti.Matrix.diag(2, 1.5), [[1.5, 0.0], [0.0, 1.5]])
 
 
+def test_math_rotation2d_reflect_eye():
+    """ti.math.rotation2d(a), ti.math.reflect(x, n), ti.math.eye(n) (Taichi's, used by rigid-body
+    code), in kernels with the gradient of the angle, and in Python scope."""
+    a = ti.field(ti.f32, shape=(), needs_grad=True)
+    out = ti.Vector.field(2, ti.f32, shape=3)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def k():
+        p = ti.math.rotation2d(a[None]) @ ti.Vector([1.0, 2.0])
+        out[0] = p
+        out[1] = ti.math.reflect(ti.Vector([1.0, -2.0]), ti.Vector([0.6, 0.8]))
+        out[2] = ti.math.eye(2) @ ti.Vector([3.0, 4.0])
+        loss[None] = p[0]
+
+    a[None] = 0.4
+    with ti.ad.Tape(loss):
+        k()
+    c, s = np.cos(0.4), np.sin(0.4)
+    np.testing.assert_allclose(out.to_numpy(), [[c - 2 * s, s + 2 * c], [2.2, -0.4], [3, 4]], rtol=1e-6, atol=1e-6)
+    assert a.grad[None] == pytest.approx(-s - 2 * c, rel=1e-6)  # d/da (cos a - 2 sin a)
+    np.testing.assert_allclose(ti.math.rotation2d(0.4), [[c, -s], [s, c]], rtol=1e-6)
+    np.testing.assert_allclose(ti.math.reflect([1.0, -2.0], [0.6, 0.8]), [2.2, -0.4], rtol=1e-6)
+    np.testing.assert_array_equal(ti.math.eye(3), np.eye(3))
+
+
 def test_matrix_element_assigned_nested_lists():
     """m[i] = [[0, 0], [0, 0]] (diffmpm's clear_particle_grad, on a gradient field too), rows of GPU
     values, rows that are vectors; a row of the wrong length names the shapes."""

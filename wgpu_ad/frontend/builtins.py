@@ -189,6 +189,19 @@ length = _mat_method("length", lambda o, v: o.norm(v), np.linalg.norm)
 normalize = _mat_method("normalize", lambda o, v: o.normalized(v), lambda v: v / np.linalg.norm(v))
 distance = Builtin("distance", lambda a, b: np.linalg.norm(np.asarray(a) - np.asarray(b)),
                    lambda o, a, b: o.norm(o.binary(Op.SUB, a, b)))
+reflect = Builtin("reflect", lambda x, n: np.asarray(x) - 2 * np.dot(n, x) * np.asarray(n),
+                  lambda o, x, n: o.binary(Op.SUB, x, o.binary(Op.MUL, o.binary(Op.MUL, 2.0, o.dot(n, x)), n)))
+
+
+def _rotation2d(o: Ops, a):
+    c, s = o.unary(Op.COS, a), o.unary(Op.SIN, a)
+    return Mat([c, o.unary(Op.NEG, s), s, c], (2, 2))
+
+
+rotation2d = Builtin("rotation2d", lambda a: np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]], np.float32),
+                     _rotation2d)
+eye = Builtin("eye", lambda n: np.eye(n, dtype=np.float32),
+              lambda o, n: Mat([1.0 if i == j else 0.0 for i in range(n) for j in range(n)], (n, n)))
 determinant = _mat_method("determinant", Ops.determinant, np.linalg.det)
 inverse = _mat_method("inverse", Ops.inverse, np.linalg.inv)
 
