@@ -238,7 +238,8 @@ def test_mpm_in_place_under_checkpoint():
     """The same MPM written as diffmpm's users write a long run: particle state updated in place,
     one grid cleared every step (`grid_v[i, j] = [0, 0]`, `for p in x`, `int(x[p] * inv_dx - 0.5)`,
     weights from a ti.func returning a list), G2P's `x[p] += dt * new_v` on a vector field, and the
-    steps differentiated by ti.ad.checkpoint."""
+    steps differentiated by ti.ad.checkpoint. Launched on a plain tape instead, the steps overwrite
+    what earlier kernels read: refused, the message naming the kernels, the field and the fix."""
     steps, n, n_grid = MPM_STEPS, MPM_N, MPM_GRID
     dx, inv_dx, dt, p_vol, p_mass = MPM_DX, MPM_INV_DX, MPM_DT, MPM_P_VOL, MPM_P_MASS
     gravity, bound = MPM_GRAVITY, MPM_BOUND
@@ -325,10 +326,24 @@ def test_mpm_in_place_under_checkpoint():
     x0 = (0.45 + 0.1 * rng.random((n, 2))).astype(np.float32)
     v0 = rng.standard_normal((n, 2)).astype(np.float32)
     E0 = 2e4
-    x.from_numpy(x0)
-    v.from_numpy(v0)
     E[None] = E0
-    F.from_numpy(np.tile(np.eye(2, dtype=np.float32), (n, 1, 1)))
+
+    def initial_state():
+        x.from_numpy(x0)
+        v.from_numpy(v0)
+        C.fill(0)
+        F.from_numpy(np.tile(np.eye(2, dtype=np.float32), (n, 1, 1)))
+    # the steps launched on a plain tape: g2p overwrites what p2g read; refused, naming the fix
+    initial_state()
+    with pytest.raises(ti.WgpuAdError, match=r"ti.ad.Tape: kernel 'g2p' \(launch 4 on the tape\) writes elements of "
+                                             r"field 'v' that kernel 'p2g' \(launch 2\) read before; .* run steps "
+                                             r"that update their state in place under ti.ad.checkpoint"):
+        with ti.ad.Tape(loss=loss):
+            for t in range(steps - 1):
+                step(t)
+            compute_loss()
+    initial_state()
+    loss.fill(0)
     with ti.ad.Tape(loss=loss):
         ti.ad.checkpoint(step, steps=steps - 1, state=[x, v, C, F], snapshots=2)
         compute_loss()

@@ -68,7 +68,8 @@ def check_overwrites(entries) -> None:
                             f"{describe(obj)} that kernel '{r_name}' (launch {r_n}) read before; the gradient "
                             f"of '{r_name}' replays it with the values after the tape and would be silently "
                             f"wrong. Keep every version in its own elements (e.g. index the field by the "
-                            f"step: x[t + 1] = f(x[t])), or check the actual values with "
+                            f"step: x[t + 1] = f(x[t])), run steps that update their state in place under "
+                            f"ti.ad.checkpoint(step, steps=T, state=[...]), or check the actual values with "
                             f"ti.ad.Tape(..., validation=True)")
                 if kind == "atomic":
                     bucket = writes.get(id(obj))
