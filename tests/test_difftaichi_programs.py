@@ -1,8 +1,9 @@
 """Whole differentiable programs of the kinds in DiffTaichi's examples, written the way a Taichi
 user writes them (`import wgpu_ad as ti`, fields, `@ti.kernel`, `@ti.func`, `ti.static`,
 `ti.ad.Tape`, states stored per step as `x[t, i]` or updated in place under `ti.ad.checkpoint`):
-material point method, semi-Lagrangian smoke, billiards with impacts, charged particles, the wave
-equation and a neural-network controller of a mass-spring robot.
+material point method (stored, in place under a checkpoint, and diffmpm's backward pass by hand),
+semi-Lagrangian smoke, billiards with impacts, charged particles, the wave equation, a
+neural-network controller of a mass-spring robot, rigid boxes with friction and a volume renderer.
 
 Each program has a float64 NumPy port written alongside it, and every gradient is compared with
 central differences of that port (tests/ad_util.py), never with wgpu_ad's own output. Sizes are
@@ -1289,3 +1290,83 @@ def test_rigid_bodies_gradient_wrt_initial_state_and_actuation():
     for got, ref, what in zip((x.grad.to_numpy()[0], rotation.grad.to_numpy()[0], v.grad.to_numpy()[0],
                                act.grad.to_numpy()), refs, ("x0", "rotation0", "v0", "act")):
         assert_grad(got, ref, what=f"d loss / d {what}")
+
+
+# ---- 8. Volume rendering (DiffTaichi's tomography): rays marched through a density grid ----------
+
+VR_N, VR_ANGLES, VR_RAYS, VR_SAMPLES = 8, 3, 8, 16
+
+
+def volume_reference(density):
+    """The float64 port: for each angle and ray, the density integrated along the ray with
+    bilinear interpolation (zero outside), then the image's squared distance to a target."""
+    n = VR_N
+    d = np.asarray(density, np.float64)
+    img = np.zeros((VR_ANGLES, VR_RAYS))
+    for a in range(VR_ANGLES):
+        ang = 0.4 + a * np.pi / VR_ANGLES
+        direction, normal = np.array([np.cos(ang), np.sin(ang)]), np.array([-np.sin(ang), np.cos(ang)])
+        for r in range(VR_RAYS):
+            origin = np.array([n / 2, n / 2]) + normal * (r - VR_RAYS / 2 + 0.5) * 0.8 - direction * n * 0.6
+            acc = 0.0
+            for k in range(VR_SAMPLES):
+                p = origin + direction * (k + 0.5) * (1.2 * n / VR_SAMPLES) - 0.5
+                i, j = int(np.floor(p[0])), int(np.floor(p[1]))
+                fx, fy = p[0] - i, p[1] - j
+                for di, dj, w in ((0, 0, (1 - fx) * (1 - fy)), (1, 0, fx * (1 - fy)), (0, 1, (1 - fx) * fy),
+                                  (1, 1, fx * fy)):
+                    if 0 <= i + di < n and 0 <= j + dj < n:
+                        acc += w * d[i + di, j + dj]
+            img[a, r] = 1 - np.exp(-acc * 1.2 * n / VR_SAMPLES * 0.1)
+    target = 0.3 + 0.2 * np.sin(np.arange(VR_ANGLES * VR_RAYS)).reshape(VR_ANGLES, VR_RAYS)
+    return ((img - target) ** 2).sum()
+
+
+def test_volume_rendering_gradient_wrt_the_density():
+    n, n_angles, n_rays, n_samples = VR_N, VR_ANGLES, VR_RAYS, VR_SAMPLES
+    density = ti.field(ti.f32, shape=(n, n), needs_grad=True)
+    image = ti.field(ti.f32, shape=(n_angles, n_rays), needs_grad=True)
+    target = ti.field(ti.f32, shape=(n_angles, n_rays))
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    ds = 1.2 * n / n_samples
+
+    @ti.func
+    def sample(i, j):
+        v = 0.0
+        if 0 <= i < n and 0 <= j < n:
+            v = density[i, j]
+        return v
+
+    @ti.kernel
+    def render():
+        for a, r in image:
+            ang = 0.4 + a * np.pi / n_angles
+            direction = ti.Vector([ti.cos(ang), ti.sin(ang)])
+            normal = ti.Vector([-ti.sin(ang), ti.cos(ang)])
+            origin = ti.Vector([n / 2, n / 2]) + normal * (r - n_rays / 2 + 0.5) * 0.8 - direction * n * 0.6
+            acc = 0.0
+            for k in range(n_samples):
+                p = origin + direction * (k + 0.5) * ds - 0.5
+                ip = ti.floor(p)
+                f = p - ip
+                i, j = int(ip[0]), int(ip[1])
+                acc += (sample(i, j) * (1 - f[0]) * (1 - f[1]) + sample(i + 1, j) * f[0] * (1 - f[1])
+                        + sample(i, j + 1) * (1 - f[0]) * f[1] + sample(i + 1, j + 1) * f[0] * f[1])
+            image[a, r] = 1 - ti.exp(-acc * ds * 0.1)
+
+    @ti.kernel
+    def compute_loss():
+        for a, r in image:
+            loss[None] += (image[a, r] - target[a, r]) ** 2
+
+    d0 = np.random.default_rng(8).random((n, n))
+    density.from_numpy(d0.astype(np.float32))
+    target.from_numpy((0.3 + 0.2 * np.sin(np.arange(n_angles * n_rays))).reshape(n_angles, n_rays).astype(np.float32))
+    with ti.ad.Tape(loss=loss):
+        render()
+        compute_loss()
+
+    assert loss[None] == pytest.approx(volume_reference(d0), rel=1e-5)
+    ref = central_diffs(volume_reference, [d0])[0]
+    assert (np.abs(ref) > 1e-6).all()  # the rays cross every cell
+    assert_grad(density.grad.to_numpy(), ref, what="d loss / d density")
