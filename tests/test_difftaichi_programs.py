@@ -1370,3 +1370,81 @@ def test_volume_rendering_gradient_wrt_the_density():
     ref = central_diffs(volume_reference, [d0])[0]
     assert (np.abs(ref) > 1e-6).all()  # the rays cross every cell
     assert_grad(density.grad.to_numpy(), ref, what="d loss / d density")
+
+
+# ---- 9. Sphere tracing: a ti.func marching a ray with `return` inside its loop ----------------------
+
+def sphere_trace_reference(r, c, margins=None):
+    """The float64 port: sum over 8 rays of (i + 1) * the distance where each meets the circle of
+    radius r at c (sphere tracing, stopping within 1e-3). `margins`: each stopping test's distance
+    from switching."""
+    out = 0.0
+    for i in range(8):
+        o, t = np.array([-1.0, (i - 3.5) * 0.1]), 0.0
+        for _ in range(30):
+            s = np.linalg.norm(o + t * np.array([1.0, 0.0]) - c) - r
+            if margins is not None:
+                margins.append(abs(s - 1e-3))
+            if s < 1e-3:
+                break
+            t += s
+        out += t * (i + 1)
+    return out
+
+
+@pytest.mark.parametrize("loop", ["for_return", "while"])
+def test_sphere_tracing_gradient_wrt_the_shape(loop):
+    n = 8
+    radius = ti.field(ti.f32, shape=(), needs_grad=True)
+    center = ti.Vector.field(2, ti.f32, shape=(), needs_grad=True)
+    depth = ti.field(ti.f32, shape=n, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.func
+    def sdf(p):
+        return (p - center[None]).norm() - radius[None]
+
+    if loop == "for_return":
+        @ti.func
+        def march(o, d):
+            t = 0.0
+            for _ in range(30):
+                s = sdf(o + t * d)
+                if s < 1e-3:
+                    return t
+                t += s
+            return t
+    else:
+        @ti.func
+        def march(o, d):
+            t, k = 0.0, 0
+            s = sdf(o)
+            while s >= 1e-3 and k < 30:
+                t += s
+                s = sdf(o + t * d)
+                k += 1
+            return t
+
+    @ti.kernel
+    def render():
+        for i in depth:
+            depth[i] = march(ti.Vector([-1.0, (i - n / 2 + 0.5) * 0.1]), ti.Vector([1.0, 0.0]))
+
+    @ti.kernel
+    def compute_loss():
+        for i in depth:
+            loss[None] += depth[i] * (i + 1)
+
+    r0, c0 = 0.45, np.array([0.2, 0.03])
+    radius[None] = r0
+    center[None] = c0
+    with ti.ad.Tape(loss):
+        render()
+        compute_loss()
+
+    margins: list = []
+    assert loss[None] == pytest.approx(sphere_trace_reference(r0, c0, margins), rel=1e-5)
+    assert min(margins) > 1e-4  # no ray stops one iteration earlier or later within reach
+    ref_r, ref_c = central_diffs(lambda r, c: sphere_trace_reference(float(r), c), [np.float64(r0), c0])
+    assert_grad(radius.grad[None], ref_r, what="d loss / d radius")
+    assert_grad(center.grad[None], ref_c, what="d loss / d center")
