@@ -289,6 +289,31 @@ def test_kernel_grad_by_hand_accepts_writes_to_other_steps():
         a.grad(3)
 
 
+def test_kernel_grad_by_hand_refuses_an_atomic_max_target_overwritten_since():
+    """m = max x by ti.atomic_max: the adjoint finds the winner by comparing with m's value, so m
+    counts as read. Overwritten before k.grad(), the gradient went to whichever x equalled the new m
+    (silently [0, 0, 0, 1] here instead of [0, 1, 0, 0]); now refused. Untouched, it is exact."""
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    m = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            ti.atomic_max(m[None], x[i])
+
+    x.from_numpy(np.array([1, 5, 3, 2], np.float32))
+    m[None] = -100.0
+    k()
+    m.grad[None] = 1.0
+    k.grad()
+    np.testing.assert_array_equal(x.grad.to_numpy(), [0, 1, 0, 0])
+    m[None] = -100.0
+    k()
+    m.fill(2.0)
+    with pytest.raises(ti.WgpuAdError, match=r"k.grad\(\): kernel 'k' read field 'm' when it ran, and fill wrote it"):
+        k.grad()
+
+
 def test_a_store_in_a_loop_that_runs_once_is_differentiated():
     """`for level in range(1)` around the loop that stores: one iteration cannot store twice (it
     used to be refused as 'may be stored by more than one iteration or thread'); y = 3 x."""

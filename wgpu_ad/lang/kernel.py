@@ -407,8 +407,8 @@ class Kernel:
                 st.version += 1
                 st.writer = who
                 st.writes.append((st.version, who, wrote))
-        if lc.loads:
-            reads = [get(args) for get in lc.loads]
+        if lc.replays:
+            reads = [get(args) for get in lc.replays]
             key = _versions_key(reads, args)
             versions = self._read_versions
             if key in versions:
@@ -422,7 +422,7 @@ class Kernel:
         """kernel.grad() by hand: refuse when a storage the last forward launch with these
         arguments read was written since (its adjoint would replay the new values)."""
         from ..ad.overwrite import overlap
-        reads = [get(args) for get in lc.loads]
+        reads = [get(args) for get in lc.replays]
         footprint = None
         record = self._read_versions.get(_versions_key(reads, args))
         if record is None and self._forgot and reads:
@@ -440,7 +440,7 @@ class Kernel:
                 since = [(None, st.writer, None)]
             if footprint is None:
                 footprint = lc.footprint(args)
-            read = [idx for obj, kind, idx in footprint if obj is st and kind == "load"]
+            read = [idx for obj, kind, idx in footprint if obj is st and kind in ("load", "atomic")]
             for _version, who, wrote in since:
                 idx = wrote.indices(st) if wrote is not None else None
                 if idx is not None and not any(overlap(r, w) for r in read for w in idx):

@@ -87,6 +87,10 @@ class Launcher:
         self.loads = [storage_getter(s, srcs) for s in dict.fromkeys(a.source for a in p.accesses if a.kind == "load")]
         self.writes = [storage_getter(s, srcs) for s in dict.fromkeys(a.source for a in p.accesses
                                                                       if a.kind not in ("load", "load_before"))]
+        # what its adjoint replays from the fields as they are: the loads, and the targets of atomic
+        # min / max (the adjoint compares with the value that won); kernel.grad() checks them
+        self.replays = [storage_getter(s, srcs) for s in dict.fromkeys(a.source for a in p.accesses
+                                                                       if a.kind in ("load", "atomic"))]
 
     @property
     def ir(self):
