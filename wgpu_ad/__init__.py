@@ -81,4 +81,7 @@ def __getattr__(name: str):
     if name in ("GUI", "ui"):
         from . import viewer
         return getattr(viewer, name)
+    if name in ("f64", "float64", "i64", "int64", "u64", "uint64"):  # `real = ti.f64` in Taichi programs
+        raise AttributeError(f"ti.{name}: WebGPU shaders have no 64-bit numbers, so wgpu_ad computes in 32 bits; "
+                             f"use ti.{'f32' if name[0] == 'f' else name[0] + '32'}")
     raise AttributeError(f"module 'wgpu_ad' has no attribute {name!r}")
