@@ -624,8 +624,10 @@ def test_an_accumulation_read_by_a_later_step_is_hidden_state():
         push()
 
     with pytest.raises(ti.WgpuAdError, match=r"field 'f' carries values from one step to the next but is not in "
-                                             r"state=: kernel 'gather' writes it in step 0 and kernel 'push' reads it "
-                                             r"in step 0 before the step writes it"):
+                                             r"state=: kernel 'gather' adds to it in step 0 and no kernel stores to it "
+                                             r"first \(clears it\), so what kernel 'push' reads in step 0 includes "
+                                             r"what was there before the step\. .* or have each step write it before "
+                                             r"reading it"):
         with ti.ad.Tape(loss):
             ti.ad.checkpoint(step, steps=3, state=[x])
             total()

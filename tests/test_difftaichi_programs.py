@@ -3,7 +3,8 @@ user writes them (`import wgpu_ad as ti`, fields, `@ti.kernel`, `@ti.func`, `ti.
 `ti.ad.Tape`, states stored per step as `x[t, i]` or updated in place under `ti.ad.checkpoint`):
 material point method (stored, in place under a checkpoint, and diffmpm's backward pass by hand),
 semi-Lagrangian smoke, billiards with impacts, charged particles, the wave equation, a
-neural-network controller of a mass-spring robot, rigid boxes with friction and a volume renderer.
+neural-network controller of a mass-spring robot, rigid boxes with friction, a volume renderer and
+sphere tracing.
 
 Each program has a float64 NumPy port written alongside it, and every gradient is compared with
 central differences of that port (tests/ad_util.py), never with wgpu_ad's own output. Sizes are
@@ -240,7 +241,8 @@ def test_mpm_in_place_under_checkpoint():
     one grid cleared every step (`grid_v[i, j] = [0, 0]`, `for p in x`, `int(x[p] * inv_dx - 0.5)`,
     weights from a ti.func returning a list), G2P's `x[p] += dt * new_v` on a vector field, and the
     steps differentiated by ti.ad.checkpoint. Launched on a plain tape instead, the steps overwrite
-    what earlier kernels read: refused, the message naming the kernels, the field and the fix."""
+    what earlier kernels read, and a step that forgets to clear the grid carries sums from step to
+    step: both refused, the messages naming the kernels, the field and the fix."""
     steps, n, n_grid = MPM_STEPS, MPM_N, MPM_GRID
     dx, inv_dx, dt, p_vol, p_mass = MPM_DX, MPM_INV_DX, MPM_DT, MPM_P_VOL, MPM_P_MASS
     gravity, bound = MPM_GRAVITY, MPM_BOUND
@@ -342,6 +344,18 @@ def test_mpm_in_place_under_checkpoint():
         with ti.ad.Tape(loss=loss):
             for t in range(steps - 1):
                 step(t)
+            compute_loss()
+    # a step that forgets to clear the grid: the grid carries sums from step to step; named
+    def step_without_clearing(t):
+        p2g()
+        grid_op()
+        g2p()
+    initial_state()
+    with pytest.raises(ti.WgpuAdError, match=r"ti.ad.checkpoint: field 'grid_v' carries values from one step to the "
+                                             r"next but is not in state=: kernel 'p2g' adds to it in step 0 and no "
+                                             r"kernel stores to it first \(clears it\)"):
+        with ti.ad.Tape(loss=loss):
+            ti.ad.checkpoint(step_without_clearing, steps=steps - 1, state=[x, v, C, F])
             compute_loss()
     initial_state()
     loss.fill(0)

@@ -219,6 +219,7 @@ class _Run:
         self.final: tuple | None = None   # (copies, fields outside the state) at the backward pass's start
         self.written: dict[int, tuple] = {}  # fields outside the state the steps write: id -> (field, by, t)
         self.read_first: dict[int, tuple] = {}  # ... the steps read before writing them: id -> (field, by, t)
+        self.stored: set[int] = set()  # ... the steps store to (not only accumulate into)
         self.seeds: list[int] | None = None  # each step's position in the random stream
         self.done = False
         self._held = 0
@@ -297,6 +298,9 @@ class _Run:
                 continue
             if i in self.written:
                 _, by, tw = self.written[i]
+                if i not in self.stored:  # only accumulated into: it keeps what the earlier steps left
+                    self._hidden(r, f"{by} adds to it in step {tw} and no kernel stores to it first (clears it), "
+                                    f"so what {who} reads in step {t} includes what was there before the step")
                 self._hidden(r, f"{by} writes it in step {tw} and {who} reads it in step {t} before the step "
                                 f"writes it")
             self.read_first[i] = (r, who, t)
@@ -310,6 +314,7 @@ class _Run:
                                 f"step {t}")
             self.written.setdefault(i, (w, who, t))
         rec._stored.update(id(w) for w in stores)  # an accumulation keeps what was there before
+        self.stored.update(id(w) for w in stores)
 
     def _hidden(self, f, how: str) -> None:
         raise WgpuAdError(
