@@ -221,6 +221,7 @@ def test_mpm_with_actuation_gradient_wrt_weights_initial_state_and_youngs_modulu
             p2g(s)
             grid_op(s)
             g2p(s)
+        x_avg[None] = [0, 0]  # as diffmpm's forward(): a Python-scope write on the tape
         compute_x_avg()
         compute_loss()
 
