@@ -419,8 +419,10 @@ class Kernel:
                 self._forgot = True
 
     def _check_versions(self, lc, args) -> None:
-        """kernel.grad() by hand: refuse when a storage the last forward launch with these
-        arguments read was written since (its adjoint would replay the new values)."""
+        """kernel.grad() by hand: refuse when elements that the forward launch with these arguments
+        read (or combined into with an atomic min / max) were written since: its adjoint would replay
+        the new values. Writes since are compared by footprint (Storage.writes); one the log no
+        longer holds, or a Python-scope write, counts as touching every element."""
         from ..ad.overwrite import overlap
         reads = [get(args) for get in lc.replays]
         footprint = None
