@@ -278,6 +278,49 @@ def test_random_in_differentiated_kernel_is_refused():
         noisy.grad()
 
 
+def test_a_kernel_with_nothing_to_differentiate_is_not_refused():
+    """On a tape, kernels that store only integers or fields without gradients have an empty
+    adjoint: binning particles with the slot returned by ti.atomic_add (a neighbour list), and
+    noise from ti.random() into a field without gradient, are not refused as 'uses the value
+    returned by an atomic operation' / 'calls ti.random()'. loss = sum_i x_i * noise_i * (the
+    number of particles in x_i's cell): d/dx_i = noise_i * count."""
+    n = 6
+    x = ti.field(ti.f32, shape=n, needs_grad=True)
+    noise = ti.field(ti.f32, shape=n)
+    count = ti.field(ti.i32, shape=2)
+    members = ti.field(ti.i32, shape=(2, n))
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def bin_particles():
+        for i in x:
+            c = ti.cast(x[i] > 0.5, ti.i32)
+            k = ti.atomic_add(count[c], 1)
+            members[c, k] = i
+
+    @ti.kernel
+    def draw():
+        for i in noise:
+            noise[i] = 1.0 + ti.random()
+
+    @ti.kernel
+    def total():
+        for c in range(2):
+            for k in range(count[c]):
+                i = members[c, k]
+                loss[None] += x[i] * noise[i] * count[c]
+
+    x0 = np.array([0.1, 0.7, 0.2, 0.9, 0.3, 0.4])
+    x.from_numpy(x0.astype(np.float32))
+    with ti.ad.Tape(loss):
+        bin_particles()
+        draw()
+        total()
+    cnt = np.where(x0 > 0.5, (x0 > 0.5).sum(), (x0 <= 0.5).sum())
+    np.testing.assert_array_equal(count.to_numpy(), [4, 2])
+    np.testing.assert_allclose(x.grad.to_numpy(), noise.to_numpy() * cnt, rtol=1e-6)
+
+
 def test_tape_refuses_a_kernel_overwriting_what_an_earlier_one_read():
     x = ti.field(ti.f32, shape=4, needs_grad=True)
     y = ti.field(ti.f32, shape=4, needs_grad=True)

@@ -3,8 +3,8 @@ user writes them (`import wgpu_ad as ti`, fields, `@ti.kernel`, `@ti.func`, `ti.
 `ti.ad.Tape`, states stored per step as `x[t, i]` or updated in place under `ti.ad.checkpoint`):
 material point method (stored, in place under a checkpoint, and diffmpm's backward pass by hand),
 semi-Lagrangian smoke, billiards with impacts, charged particles, the wave equation, a
-neural-network controller of a mass-spring robot, rigid boxes with friction, a volume renderer and
-sphere tracing.
+neural-network controller of a mass-spring robot, rigid boxes with friction, a volume renderer,
+sphere tracing and SPH densities over a neighbour grid built on the tape.
 
 Each program has a float64 NumPy port written alongside it, and every gradient is compared with
 central differences of that port (tests/ad_util.py), never with wgpu_ad's own output. Sizes are
@@ -1463,3 +1463,68 @@ def test_sphere_tracing_gradient_wrt_the_shape(loop):
     ref_r, ref_c = central_diffs(lambda r, c: sphere_trace_reference(float(r), c), [np.float64(r0), c0])
     assert_grad(radius.grad[None], ref_r, what="d loss / d radius")
     assert_grad(center.grad[None], ref_c, what="d loss / d center")
+
+
+# ---- 10. SPH density with a neighbour grid built on the tape (atomic counters, data-dependent reads) --
+
+SPH_N, SPH_G, SPH_CAP, SPH_H, SPH_RHO0 = 24, 4, 16, 0.3, 0.002
+
+
+def sph_reference(x):
+    """The float64 port: sum_i (rho_i - rho0)^2 with rho_i = sum_j max(h^2 - |x_i - x_j|^2, 0)^3
+    (every pair: the neighbour grid only finds the pairs within h)."""
+    d = np.asarray(x)[:, None] - np.asarray(x)[None]
+    rho = (np.maximum(SPH_H ** 2 - (d ** 2).sum(-1), 0) ** 3).sum(1)
+    return ((rho - SPH_RHO0) ** 2).sum()
+
+
+def test_sph_density_with_a_neighbour_grid_gradient_wrt_positions():
+    """The grid is built on the tape by a kernel that bins particles with the slot ti.atomic_add
+    returns (integers only: nothing to differentiate); the density kernel loops over the particles
+    of the 3x3 cells around each particle, reading x[j] at indices read from the grid."""
+    n, G, cap, h, rho0 = SPH_N, SPH_G, SPH_CAP, SPH_H, SPH_RHO0
+    x = ti.Vector.field(2, ti.f32, shape=n, needs_grad=True)
+    rho = ti.field(ti.f32, shape=n, needs_grad=True)
+    count = ti.field(ti.i32, shape=(G, G))
+    cell_list = ti.field(ti.i32, shape=(G, G, cap))
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.func
+    def kernel_w(r2):
+        q = ti.max(h * h - r2, 0.0)
+        return q * q * q
+
+    @ti.kernel
+    def bin_particles():
+        for i in x:
+            c = ti.cast(x[i] / h, ti.i32)
+            k = ti.atomic_add(count[c], 1)
+            cell_list[c, k] = i
+
+    @ti.kernel
+    def density():
+        for i in x:
+            c = ti.cast(x[i] / h, ti.i32)
+            s = 0.0
+            for dc in ti.static(ti.grouped(ti.ndrange((-1, 2), (-1, 2)))):
+                cc = c + dc
+                if 0 <= cc[0] < G and 0 <= cc[1] < G:
+                    for k in range(count[cc]):
+                        s += kernel_w((x[i] - x[cell_list[cc, k]]).norm_sqr())
+            rho[i] = s
+
+    @ti.kernel
+    def compute_loss():
+        for i in rho:
+            loss[None] += (rho[i] - rho0) ** 2
+
+    x0 = np.random.default_rng(2).uniform(0.05, G * h - 0.05, (n, 2))
+    x.from_numpy(x0.astype(np.float32))
+    with ti.ad.Tape(loss):
+        bin_particles()
+        density()
+        compute_loss()
+
+    assert count.to_numpy().sum() == n and count.to_numpy().max() <= cap
+    assert loss[None] == pytest.approx(sph_reference(x0), rel=1e-5)
+    assert_grad(x.grad.to_numpy(), central_diffs(sph_reference, [x0])[0], what="d loss / d x")

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ... import plan
-from ...ir.nodes import Buffer, Kernel
+from ...ir.nodes import Buffer, Kernel, walk
+from ...ir.ops import Op
 from .access import RuntimeChecks
 from .checks import check_differentiable, runtime_checks
 from ...ir.clone import clone_kernel
@@ -80,6 +81,11 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
     stencils: the adjoints of stencils gather their neighbours' gradients instead of scattering them
     with atomics (stencil.py).
     """
+    if not fuse and not _writes_a_gradient(kernel, grad_source):
+        # only integers, or fields without gradients (a neighbour list binned with atomic counters):
+        # nothing flows back, so there is nothing to replay or to refuse
+        return Kernel(kernel.name + "_grad", [], list(kernel.args), list(kernel.buffers), None, False, kernel.debug,
+                      kernel.loc), AdjointInfo()
     k, bases, redirected = prepare_in_place(kernel)
     # what cannot be proven safe for every input is checked by the forward launch instead
     # (shadow.py; the launcher runs the adjoint only after a checked launch)
@@ -166,6 +172,18 @@ def reverse_kernel(kernel: Kernel, grad_source: Callable[[Buffer], object],
                                                (fused.primal_reads, fused.grad_reads, fused.fwd_writes,
                                                 fused.adj_writes)))
     return out, info
+
+
+def _writes_a_gradient(kernel: Kernel, grad_source: Callable[[Buffer], object]) -> bool:
+    """Whether the kernel stores or accumulates into a float buffer that has a gradient: else its
+    adjoint has nothing to do."""
+    for t in kernel.tasks:
+        for s in walk(t.body):
+            if s.op is Op.GLOBAL_STORE or s.op is Op.ATOMIC:
+                b = s.attr[1] if s.op is Op.ATOMIC else s.attr
+                if b.dtype.is_float and not b.grad and b.source not in kernel.no_grad and grad_source(b) is not None:
+                    return True
+    return False
 
 
 def _merged(a: Fused, b: Fused) -> Fused:
