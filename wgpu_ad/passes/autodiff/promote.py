@@ -322,17 +322,18 @@ def snapshot_loads(kernel: Kernel) -> dict[int, list]:
         if t.kind != "range":
             continue
         order = [s for s in walk(t.body) if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE)]
-        stored: set = set()  # buffers a store earlier in the task writes
+        stored: dict[int, list] = {}  # id(buffer) -> the stores earlier in the task
         for n, load in enumerate(order):
             if load.op is Op.GLOBAL_STORE:
-                stored.add(id(load.attr))
+                stored.setdefault(id(load.attr), []).append(load)
             if load.op is not Op.GLOBAL_LOAD or load.attr.grad:
                 continue
-            if id(load.attr) in stored:
+            if any(not _different_element(w, load, ld) for w in stored.get(id(load.attr), ())):
                 # it may read what the thread stored in this launch (`x[i] = a; if c: x[i] = b;
                 # x[i] = x[i] + 1`, the store not forwarded past the branch): neither the snapshot
                 # nor the field after the launch holds that value. _promote_task makes such an
-                # element a local where it can; the access checks refuse the rest
+                # element a local where it can; the access checks refuse the rest. A store of
+                # another element (`v[i][0] = a` before a read of v[i][1]) leaves this one as it was
                 continue
             for w in order[n + 1:]:
                 if w.op is not Op.GLOBAL_STORE or w.attr is not load.attr:
