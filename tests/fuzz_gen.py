@@ -196,7 +196,7 @@ class Generator:
         if d <= 0 or self.chance(0.25):
             return self.leaf(sc)
         e = lambda: self.expr(sc, d - 1)  # noqa: E731
-        r = int(self.rng.integers(19 if self.matrices else 18))
+        r = int(self.rng.integers(20 if self.matrices else 18))
         if r <= 3:
             return f"({e()} {self.pick(['+', '-', '*', '+'])} {e()})"
         if r == 4:
@@ -385,6 +385,10 @@ class Generator:
         kind = self.kinds[name] if name != "loss" else "0"
         if how == "store":
             own = f"{name}[{self.k.own}]"
+            if kind in ("v", "M") and self.chance(0.35):  # one entry of the element: the rest kept
+                x = own + (self.mcomp() if kind == "M" else f"[{int(self.rng.integers(2))}]")
+                self.emit(depth, f"{x} = {self.pick([self.expr(sc), f'0.5 * {x} + {self.expr(sc, 2)}'])}")
+                return
             if kind == "v":
                 rhs = self.pick([f"{self.vexpr(sc)}", f"{own} * {self.const(0.3, 0.9)} + {self.vexpr(sc)}"])
             elif kind == "M":
@@ -395,7 +399,7 @@ class Generator:
             self.emit(depth, f"{own} = {rhs}")
             return
         if kind == "M":
-            if self.chance(0.3):
+            if self.chance(0.5):
                 self.emit(depth, f"{name}[{self.index(sc)}]{self.mcomp()} += {self.expr(sc)}")
             else:
                 self.emit(depth, f"{name}[{self.index(sc)}] += {self.mexpr(sc, 2)}")
@@ -415,7 +419,7 @@ class Generator:
             self.emit(depth, f"{t} = {self.expr(sc)}")
             sc.scalars.append(t)
         elif r < 0.32:
-            if self.matrices and self.chance(0.4):
+            if self.matrices and self.chance(0.6):
                 self.matrix_local(sc, depth)
                 return
             u = self.fresh("u")
@@ -436,7 +440,7 @@ class Generator:
         """A 2x2 or 3x3 local; a constructed one may have entries assigned after (A[r, c] = ...)."""
         size = self.pick([2, 2, 3])
         name = self.fresh("A")
-        if self.chance(0.3):
+        if self.chance(0.5):
             self.emit(depth, f"{name} = {self.mconstruct(sc, size, lambda: self.expr(sc, 1))}")
             for _ in range(int(self.rng.integers(1, 3))):
                 self.emit(depth, f"{name}{self.mcomp(size)} {self.pick(['=', '+='])} {self.expr(sc, 2)}")
@@ -562,7 +566,7 @@ class Generator:
     def new_temp(self, pair: bool) -> str:
         """A fresh temporary the kernel stores into: (n,) in a 1-D loop, (n, n) in a pair loop."""
         name = self.fresh("T")
-        kind = "m" if pair else self.pick(["s", "s", "v", "M"] if self.matrices else ["s", "s", "v"])
+        kind = "m" if pair else self.pick(["s", "v", "M", "M"] if self.matrices else ["s", "s", "v"])
         self.declare(name, kind, self.ndarrays and self.chance(0.35))
         return name
 
@@ -619,6 +623,8 @@ class Generator:
                 self.emit(2, "s = 0.0")
             self.emit(2, self.pick(loops))
             sc = _Scope(["i"])
+        if self.matrices and self.chance(0.6):
+            self.matrix_local(sc, 3)
         self.body(sc, 3, targets, 0, int(self.rng.integers(1, 4)))
         if kind == "reduce":
             self.emit(3, f"s += {self.expr(sc)}")

@@ -18,10 +18,10 @@ that differs from the reference counts as a failure only when the reference is s
 the inputs by float32 rounding moves the float64 gradient by less than the tolerance; else the
 program is skipped as ill-conditioned (seed 1641: acc = 0.44 - acc ** 2 iterated).
 
-CI runs WGPU_AD_FUZZ_EXAMPLES programs, default 128 (seeds 0-127: 254 random kernels besides the
-loss kernels, about 1000 field writes; 40 of the programs have matrices, 52 ndarrays, 41 a 2-D
-temporary stored by a pair loop; ~50 s on lavapipe with 2 cores, most of it compiling, a fifth
-the float64 central differences). For a longer
+CI runs WGPU_AD_FUZZ_EXAMPLES programs, default 128 (seeds 0-127: 252 random kernels besides the
+loss kernels, about 1080 field writes; 40 of the programs have matrices, 52 ndarrays, 36 a 2-D
+temporary stored by a pair loop; 56 s on lavapipe with 2 cores where the generator without
+those took 50 s; most of it compiling, a fifth the float64 central differences). For a longer
 local run: WGPU_AD_FUZZ_EXAMPLES=5000 python -m pytest -q tests/test_fuzz.py (seeds 0-4999).
 WGPU_AD_FUZZ_SEED=S runs the program of seed S alone; `python tests/fuzz_gen.py S` prints it.
 """
