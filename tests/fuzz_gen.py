@@ -65,8 +65,8 @@ class Program:
         fields' shapes are read off a float64 run of build()."""
         import fuzz_shim
         fields, _ = fuzz_shim.run_module(source)["build"](fuzz_shim)
-        floats = {k: f.a.shape for k, f in fields.items() if f.dtype != fuzz_shim.i32 and k != "loss"}
-        ints = {k: f.a.shape for k, f in fields.items() if f.dtype == fuzz_shim.i32}
+        floats = {k: f.to_numpy().shape for k, f in fields.items() if f.dtype != fuzz_shim.i32 and k != "loss"}
+        ints = {k: f.to_numpy().shape for k, f in fields.items() if f.dtype == fuzz_shim.i32}
         n = max((s[0] for s in floats.values() if s), default=1)
         return cls(seed, n, source, floats, ints)
 
