@@ -7,29 +7,48 @@ in order. The same text runs under wgpu_ad (`build(wgpu_ad)`) and under the floa
 fuzz_shim.py (`build(fuzz_shim)`), which is the reference. `python tests/fuzz_gen.py SEED` prints
 one program.
 
-What a program has: scalar inputs a, b (n,), a vector field v (n, 2), a matrix-shaped field m
-(n, n), a 0-d w, an i32 field cnt (trip counts 0..3), temporaries the kernels create, and the loss.
-Kernels are parallel loops over range(n), a field, or pairs `ti.ndrange(n, n)`, and kernel-scope
-reductions `s = 0.0; for i in ...: s += ...`. Their bodies mix locals, vector locals, serial loops
-with mutable locals (constant, field-read or static trip counts; `while`; `break` / `continue` on
-data), if/else on data, helper calls, and writes: stores to fresh temporaries, in-place updates
-`x[i] = f(x[i])` (also in serial loops), and `+=` into any field the kernel does not read; stencil
-reads of fields the kernel does not write at the parallel index plus a constant offset under a
-bounds check (`if 0 <= i + 1 < n: ... a[i + 1]`), whose adjoints are scatters or gathers.
+What a program has: scalar inputs a, b (n,), a vector field v (n, 2), a 2-D field m (n, n), a 0-d
+w, an i32 field cnt (trip counts 0..3), temporaries the kernels create, and the loss. Seeded
+choices add, each to about a third of the programs:
+  * matrices: a ti.Matrix.field M (n,) of 2x2 and 2x2 matrix temporaries; 2x2 and 3x3 locals
+    (ti.Matrix([[...]]) of expressions, outer products, entries assigned after `A[r, c] = ...`,
+    a matrix carried through a serial loop), `@` (matrix @ matrix, matrix @ vector, vector @
+    matrix), .transpose(), elementwise + - * and scaling, and the scalars .trace(),
+    .determinant(), .norm(eps), .norm_sqr(), A[r, c] (also at an index computed on the GPU);
+    matrix stores, `+=` of a matrix or of one entry (`M[j][r, c] += ...`);
+  * ndarrays: inputs na (n,) and nv (n, 2) made by ti.ndarray(..., needs_grad=True), and some
+    temporaries, passed to the kernels that use them as `ti.types.ndarray()` arguments, so their
+    gradients come from the ndarray paths of reverse mode.
+Kernels are parallel loops over range(n), a field, or pairs `ti.ndrange(n, n)` (or a 2-D field),
+and kernel-scope reductions `s = 0.0; for i in ...: s += ...`. Their bodies mix locals, vector
+and matrix locals, serial loops with mutable locals (constant, field-read or static trip counts;
+`while`; `break` / `continue` on data), if/else on data, helper calls, and writes: stores to fresh
+temporaries (a 1-D loop stores T[i] of a (n,) temporary, a pair loop T[i, j] of a fresh (n, n)
+one that later kernels read), in-place updates `x[i] = f(x[i])` and `x[i, j] = f(x[i, j])` (also
+in serial loops), and `+=` into any field the kernel does not read; stencil reads of fields the
+kernel does not write at the parallel index plus a constant offset under a bounds check
+(`if 0 <= i + 1 < n: ... a[i + 1]`), whose adjoints are scatters or gathers. The last kernel
+reads every element of every float field into the loss.
 
-Why it is race-free: a store writes element [i] of the iteration's own index in a 1-D loop, and the
-kernel reads that field only at [i]; a field a kernel accumulates into with += is not read by it.
+Why it is race-free: a store writes the element of the iteration's own index ([i] in a 1-D loop,
+[i, j] in a pair loop), and the kernel reads that field only there; a field a kernel accumulates
+into with += is not read by it.
 Why it is well conditioned: inputs are in [-1, 1]; division is by 1 + e*e or 2 + sin(e); sqrt and
-log take 1 + e*e or 2 + cos(e); exp takes tanh(e); serial recurrences contract (factor 1/2).
+log take 1 + e*e or 2 + cos(e); exp takes tanh(e); serial recurrences contract (factor 1/2), and
+so does a product of matrix expressions (`A @ B * 0.5`).
 """
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
 FLOAT_INPUTS = {"a": "s", "b": "s", "v": "v", "m": "m", "w": "0"}   # name -> kind
+# kinds: "s" (n,) scalars, "v" (n,) vec2, "M" (n,) 2x2 matrices, "m" (n, n) scalars, "0" a 0-d scalar
+SHAPES = {"s": lambda n: (n,), "v": lambda n: (n, 2), "M": lambda n: (n, 2, 2), "m": lambda n: (n, n),
+          "0": lambda n: ()}
 
 
 @dataclass
@@ -46,8 +65,8 @@ class Program:
         fields' shapes are read off a float64 run of build()."""
         import fuzz_shim
         fields, _ = fuzz_shim.run_module(source)["build"](fuzz_shim)
-        floats = {k: f.a.shape for k, f in fields.items() if f.dtype != fuzz_shim.i32 and k != "loss"}
-        ints = {k: f.a.shape for k, f in fields.items() if f.dtype == fuzz_shim.i32}
+        floats = {k: f.to_numpy().shape for k, f in fields.items() if f.dtype != fuzz_shim.i32 and k != "loss"}
+        ints = {k: f.to_numpy().shape for k, f in fields.items() if f.dtype == fuzz_shim.i32}
         n = max((s[0] for s in floats.values() if s), default=1)
         return cls(seed, n, source, floats, ints)
 
@@ -68,6 +87,7 @@ class _Kernel:
     stored: dict = field(default_factory=dict)     # field -> the index it is stored at ("i")
     added: set = field(default_factory=set)        # fields accumulated with +=: never read here
     loop: str = "map"                              # "map", "pair" or "reduce"
+    own: str = "i"                                 # the index a stored field is stored and read at
     args: list = field(default_factory=list)
     reads: set = field(default_factory=set)        # fields read
     flat: bool = False                             # no serial loops: a stencil's body (gatherable adjoint)
@@ -80,10 +100,11 @@ class _Scope:
         self.vectors: list[str] = []  # vec2 locals
         self.counters: list[str] = []  # serial loop counters below 3 (so below n): valid indices
         self.ints: list[str] = []      # other integer locals (while-loop counters)
+        self.mats: list[tuple[str, int]] = []  # matrix locals: (name, size), 2x2 or 3x3
 
     def child(self) -> "_Scope":
         s = _Scope(self.idx)
-        s.scalars, s.vectors = list(self.scalars), list(self.vectors)
+        s.scalars, s.vectors, s.mats = list(self.scalars), list(self.vectors), list(self.mats)
         s.counters, s.ints = list(self.counters), list(self.ints)
         return s
 
@@ -93,7 +114,10 @@ class Generator:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.n = int(self.rng.integers(3, 7))
-        self.kinds = dict(FLOAT_INPUTS)   # every float field -> "s" | "v" | "m" | "0"
+        self.kinds = dict(FLOAT_INPUTS)   # every float field -> "s" | "v" | "M" | "m" | "0"
+        self.nd: set[str] = set()         # which of them are ndarrays (kernel arguments)
+        self.matrices = self.chance(0.35)  # matrix locals, a Matrix field M, matrix temporaries
+        self.ndarrays = self.chance(0.35)  # ndarray inputs na (and nv), some ndarray temporaries
         self.out: list[str] = []          # lines of build()'s body
         self.launches: list[str] = []
         self.helpers: list[tuple[str, str]] = []   # (name, signature kind)
@@ -128,15 +152,12 @@ class Generator:
         for name, kind in self.kinds.items():
             if not self.readable(name):
                 continue
-            comp = self.pick(["[0]", "[1]", ".x", ".y"])
+            comp = self.pick(["[0]", "[1]", ".x", ".y"]) if kind == "v" else self.mcomp() if kind == "M" else ""
             if name in self.k.stored:           # stored in this kernel: its own element only
-                if kind in ("s", "v"):
-                    opts.append((name, f"{name}[i]" + (comp if kind == "v" else "")))
+                opts.append((name, f"{name}[{self.k.own}]{comp}"))
                 continue
             ix = self.index(sc)
-            if kind == "s":
-                opts.append((name, f"{name}[{ix}]"))
-            elif kind == "v":
+            if kind in ("s", "v", "M"):
                 opts.append((name, f"{name}[{ix}]{comp}"))
             elif kind == "m":
                 opts.append((name, f"{name}[{ix}, {self.index(sc)}]"))
@@ -147,6 +168,9 @@ class Generator:
         name, text = self.pick(opts)
         self.k.reads.add(name)
         return text
+
+    def mcomp(self, size: int = 2) -> str:
+        return f"[{int(self.rng.integers(size))}, {int(self.rng.integers(size))}]"
 
     def index(self, sc: _Scope) -> str:
         opts = list(sc.idx) + [f"({sc.idx[0]} + 1) % {self.n}", f"{self.n - 1} - {sc.idx[-1]}"]
@@ -172,7 +196,7 @@ class Generator:
         if d <= 0 or self.chance(0.25):
             return self.leaf(sc)
         e = lambda: self.expr(sc, d - 1)  # noqa: E731
-        r = int(self.rng.integers(18))
+        r = int(self.rng.integers(20 if self.matrices else 18))
         if r <= 3:
             return f"({e()} {self.pick(['+', '-', '*', '+'])} {e()})"
         if r == 4:
@@ -209,13 +233,15 @@ class Generator:
             u = self.vexpr(sc, d - 1)
             return self.pick([f"{u}.dot({self.vexpr(sc, d - 1)})", f"{u}.norm()", f"{u}.norm(0.01)",
                               f"{u}[{self.pick(['0', '1'])}]", f"{u}.normalized(0.01).x"])
+        if r >= 18:
+            return self.mscalar(sc, min(d - 1, 1))
         return f"(-{e()})" if r == 16 else f"{self.const(0.2, 0.9)} * {e()}"
 
     def vleaf(self, sc: _Scope) -> str:
         opts = [(None, u) for u in sc.vectors]
         for name, kind in self.kinds.items():
             if kind == "v" and self.readable(name):
-                opts.append((name, f"{name}[i]" if name in self.k.stored else f"{name}[{self.index(sc)}]"))
+                opts.append((name, f"{name}[{self.k.own}]" if name in self.k.stored else f"{name}[{self.index(sc)}]"))
         if opts and self.chance(0.7):
             name, text = self.pick(opts)
             if name is not None:
@@ -226,7 +252,10 @@ class Generator:
     def vexpr(self, sc: _Scope, d: int = 2) -> str:
         if d <= 0 or self.chance(0.4):
             return self.vleaf(sc)
-        r = int(self.rng.integers(4))
+        r = int(self.rng.integers(5 if self.matrices else 4))
+        if r == 4:  # matrix @ vector, or vector @ matrix (a row vector)
+            u, a = self.vexpr(sc, d - 1), self.mexpr(sc, 2, d - 1)
+            return self.pick([f"({a} @ {u})", f"({u} @ {a})", f"({a}.transpose() @ {u})"])
         if r == 0:
             return f"({self.vexpr(sc, d - 1)} {self.pick(['+', '-'])} {self.vexpr(sc, d - 1)})"
         if r == 1:
@@ -235,6 +264,76 @@ class Generator:
             x = self.expr(sc, d - 1)
             return f"({self.vexpr(sc, d - 1)} / (1.0 + {x} * {x}))"
         return f"ti.Vector([{self.expr(sc, d - 1)}, {self.expr(sc, d - 1)}])"
+
+    def mleaf(self, sc: _Scope, size: int) -> str:
+        """A size x size matrix: a local, an element of a Matrix field, an outer product, or
+        ti.Matrix([[...]]) of scalar leaves."""
+        opts = [(None, x) for x, s in sc.mats if s == size]
+        if size == 2:
+            for name, kind in self.kinds.items():
+                if kind == "M" and self.readable(name):
+                    opts.append((name, f"{name}[{self.k.own if name in self.k.stored else self.index(sc)}]"))
+        if opts and self.chance(0.6):
+            name, text = self.pick(opts)
+            if name is not None:
+                self.k.reads.add(name)
+            return text
+        if self.chance(0.3):
+            if size == 2:
+                return f"{self.vexpr(sc, 1)}.outer_product({self.vexpr(sc, 1)})"
+            vec3 = lambda: f"ti.Vector([{self.leaf(sc)}, {self.leaf(sc)}, {self.leaf(sc)}])"  # noqa: E731
+            return f"{vec3()}.outer_product({vec3()})"
+        return self.mconstruct(sc, size, lambda: self.leaf(sc))
+
+    def mconstruct(self, sc: _Scope, size: int, entry) -> str:
+        rows = ", ".join("[" + ", ".join(entry() for _ in range(size)) + "]" for _ in range(size))
+        return f"ti.Matrix([{rows}])"
+
+    def mexpr(self, sc: _Scope, size: int, d: int = 1) -> str:
+        """A size x size matrix expression; a product is halved, so that nested ones stay O(1)."""
+        if d <= 0 or self.chance(0.4):
+            return self.mleaf(sc, size)
+        m = lambda: self.mexpr(sc, size, d - 1)  # noqa: E731
+        r = int(self.rng.integers(7))
+        if r == 0:
+            return f"({m()} {self.pick(['+', '-'])} {m()})"
+        if r == 1:
+            return f"({m()} @ {m()} * 0.5)"
+        if r == 2:
+            return f"{m()}.transpose()"
+        if r == 3:
+            return f"({m()} * {self.expr(sc, d - 1)})"
+        if r == 4:
+            x = self.expr(sc, d - 1)
+            return f"({m()} / (1.0 + {x} * {x}))"
+        if r == 5:
+            return f"({m()} * {m()})"  # elementwise
+        return self.mconstruct(sc, size, lambda: self.expr(sc, d - 1))
+
+    def mscalar(self, sc: _Scope, d: int) -> str:
+        """A scalar of a matrix: trace, determinant, norm, an entry, a product with vectors."""
+        size = self.pick([2, 2, 3])
+        a = self.mexpr(sc, size, d)
+        r = int(self.rng.integers(7))
+        if r == 0:
+            return f"{a}.trace()"
+        if r == 1:
+            return f"{a}.determinant()"
+        if r == 2:
+            return self.pick([f"{a}.norm()", f"{a}.norm(0.01)"])
+        if r == 3:
+            return f"{a}.norm_sqr()"
+        if r == 4:
+            ints = sc.counters + sc.ints
+            if ints and self.chance(0.4):  # an index computed on the GPU
+                return f"{a}[{self.pick(ints)} % {size}, {int(self.rng.integers(size))}]"
+            return f"{a}{self.mcomp(size)}"
+        if size == 3:
+            u = f"ti.Vector([{self.leaf(sc)}, {self.leaf(sc)}, {self.leaf(sc)}])"
+            return self.pick([f"({a} @ {u})[{int(self.rng.integers(3))}]", f"{a}.sum()"])
+        u = self.vexpr(sc, max(d - 1, 0))
+        return self.pick([f"({a} @ {u})[{int(self.rng.integers(2))}]",
+                          f"{u}.dot({a} @ {self.vexpr(sc, max(d - 1, 0))})"])
 
     def cond(self, sc: _Scope) -> str:
         return f"{self.expr(sc, 2)} {self.pick(['<', '>'])} {self.const(-0.5, 0.5)}"
@@ -285,14 +384,26 @@ class Generator:
         name, how = self.pick(targets)
         kind = self.kinds[name] if name != "loss" else "0"
         if how == "store":
+            own = f"{name}[{self.k.own}]"
+            if kind in ("v", "M") and self.chance(0.35):  # one entry of the element: the rest kept
+                x = own + (self.mcomp() if kind == "M" else f"[{int(self.rng.integers(2))}]")
+                self.emit(depth, f"{x} = {self.pick([self.expr(sc), f'0.5 * {x} + {self.expr(sc, 2)}'])}")
+                return
             if kind == "v":
-                rhs = self.pick([f"{self.vexpr(sc)}", f"{name}[i] * {self.const(0.3, 0.9)} + {self.vexpr(sc)}"])
+                rhs = self.pick([f"{self.vexpr(sc)}", f"{own} * {self.const(0.3, 0.9)} + {self.vexpr(sc)}"])
+            elif kind == "M":
+                rhs = self.pick([f"{self.mexpr(sc, 2)}", f"{own} * {self.const(0.3, 0.9)} + {self.mexpr(sc, 2)}"])
             else:
-                rhs = self.pick([f"{self.expr(sc)}", f"{name}[i] * {self.const(0.3, 0.9)} + {self.expr(sc)}",
-                                 f"ti.sin({name}[i]) + {self.expr(sc, 2)}"])
-            self.emit(depth, f"{name}[i] = {rhs}")
+                rhs = self.pick([f"{self.expr(sc)}", f"{own} * {self.const(0.3, 0.9)} + {self.expr(sc)}",
+                                 f"ti.sin({own}) + {self.expr(sc, 2)}"])
+            self.emit(depth, f"{own} = {rhs}")
             return
-        if kind == "0":
+        if kind == "M":
+            if self.chance(0.5):
+                self.emit(depth, f"{name}[{self.index(sc)}]{self.mcomp()} += {self.expr(sc)}")
+            else:
+                self.emit(depth, f"{name}[{self.index(sc)}] += {self.mexpr(sc, 2)}")
+        elif kind == "0":
             self.emit(depth, f"{name}[None] += {self.expr(sc)}")
         elif kind == "m":
             self.emit(depth, f"{name}[{self.index(sc)}, {self.index(sc)}] += {self.expr(sc)}")
@@ -308,6 +419,9 @@ class Generator:
             self.emit(depth, f"{t} = {self.expr(sc)}")
             sc.scalars.append(t)
         elif r < 0.32:
+            if self.matrices and self.chance(0.6):
+                self.matrix_local(sc, depth)
+                return
             u = self.fresh("u")
             self.emit(depth, f"{u} = {self.vexpr(sc)}")
             sc.vectors.append(u)
@@ -322,6 +436,18 @@ class Generator:
         elif targets:
             self.write(sc, depth, targets)
 
+    def matrix_local(self, sc: _Scope, depth: int) -> None:
+        """A 2x2 or 3x3 local; a constructed one may have entries assigned after (A[r, c] = ...)."""
+        size = self.pick([2, 2, 3])
+        name = self.fresh("A")
+        if self.chance(0.5):
+            self.emit(depth, f"{name} = {self.mconstruct(sc, size, lambda: self.expr(sc, 1))}")
+            for _ in range(int(self.rng.integers(1, 3))):
+                self.emit(depth, f"{name}{self.mcomp(size)} {self.pick(['=', '+='])} {self.expr(sc, 2)}")
+        else:
+            self.emit(depth, f"{name} = {self.mexpr(sc, size)}")
+        sc.mats.append((name, size))
+
     def body(self, sc: _Scope, depth: int, targets, nest: int, count: int) -> None:
         for _ in range(count):
             self.stmt(sc, depth, targets, nest)
@@ -329,6 +455,10 @@ class Generator:
     def serial_loop(self, sc: _Scope, depth: int, targets, nest: int) -> None:
         acc, kc = self.fresh("acc"), self.fresh("k")
         self.emit(depth, f"{acc} = {self.expr(sc, 2)}")
+        macc = None
+        if self.matrices and self.chance(0.3):  # a matrix carried through the loop too
+            macc, size = self.fresh("B"), self.pick([2, 3])
+            self.emit(depth, f"{macc} = {self.mexpr(sc, size, 1)}")
         trip = self.pick([str(int(self.rng.integers(1, 4))), f"cnt[{sc.idx[0]}]", f"cnt[{sc.idx[-1]}]",
                           "static", "while"])
         inner = sc.child()
@@ -344,18 +474,27 @@ class Generator:
         else:
             self.emit(depth, f"for {kc} in range({trip}):")
         self.emit(depth + 1, f"{acc} = {self.pick(['ti.sin', 'ti.tanh', ''])}({acc}) * 0.5 + {self.expr(inner, 2)}")
+        if macc is not None:
+            self.emit(depth + 1, f"{macc} = {self.pick([f'{macc} * 0.5', f'{macc} @ {self.mexpr(inner, size, 1)} * 0.5'])}"
+                                 f" + {self.mexpr(inner, size, 1)}")
+            inner.mats.append((macc, size))
         if trip != "static" and self.chance(0.5):
             self.emit(depth + 1, f"if {self.cond(inner)}:")
             self.emit(depth + 2, self.pick(["break", "continue"]))
         own = [t for t in targets if t[1] == "store"]
         if own and self.chance(0.4):  # the recursive update of an element of the thread's own
             name = own[0][0]
+            x = f"{name}[{self.k.own}]"
             if self.kinds[name] == "v":
-                self.emit(depth + 1, f"{name}[i] = {name}[i] * 0.5 + {self.vexpr(inner, 1)}")
+                self.emit(depth + 1, f"{x} = {x} * 0.5 + {self.vexpr(inner, 1)}")
+            elif self.kinds[name] == "M":
+                self.emit(depth + 1, f"{x} = {x} * 0.5 + {self.mexpr(inner, 2, 1)}")
             else:
-                self.emit(depth + 1, f"{name}[i] = 0.5 * {name}[i] + {self.expr(inner, 2)}")
+                self.emit(depth + 1, f"{x} = 0.5 * {x} + {self.expr(inner, 2)}")
         self.body(inner, depth + 1, targets, nest + 1, int(self.rng.integers(0, 3)))
         sc.scalars.append(acc)
+        if macc is not None:
+            sc.mats.append((macc, size))
 
     def neighbour_read(self, sc: _Scope, depth: int) -> None:
         """Stencil reads: a field the kernel does not write, at the parallel index plus one or two
@@ -363,12 +502,12 @@ class Generator:
         data added), and often at the index itself too, as `x[t, i + di, j + dj]` and `x[t, i, j]`
         in a simulation step (a read-only field: no race whatever the index)."""
         opts = [(name, kind) for name, kind in self.kinds.items()
-                if self.readable(name) and name not in self.k.stored and kind in ("s", "v", "m")]
+                if self.readable(name) and name not in self.k.stored and kind in ("s", "v", "M", "m")]
         if not opts:
             return
         name, kind = self.pick(opts)
         self.k.reads.add(name)
-        comp = self.pick(["[0]", "[1]", ".x", ".y"]) if kind == "v" else ""
+        comp = self.pick(["[0]", "[1]", ".x", ".y"]) if kind == "v" else self.mcomp() if kind == "M" else ""
         dims = [sc.idx[0]] if kind != "m" else [sc.idx[0], sc.idx[-1] if len(sc.idx) > 1 else None]
         other = [self.index(sc) if ix is None else None for ix in dims]  # m's second index in a 1-D loop
         r = self.fresh("r")
@@ -411,25 +550,35 @@ class Generator:
         sc.scalars.append(r)
 
     # ---- kernels -----------------------------------------------------------------------------------
-    def new_temp(self) -> str:
-        name = self.fresh("T")
-        kind = self.pick(["s", "s", "v"])
-        self.kinds[name] = kind
-        if kind == "v":
-            self.emit(1, f"{name} = ti.Vector.field(2, dtype=ti.f32, shape={self.n}, needs_grad=True)")
+    def declare(self, name: str, kind: str, ndarray: bool) -> None:
+        """The line of build() that creates float field (or ndarray) `name` of `kind`."""
+        n = self.n
+        shape = {"s": f"{n}", "v": f"{n}", "M": f"{n}", "m": f"({n}, {n})", "0": "()"}[kind]
+        if ndarray:
+            self.nd.add(name)
+            make = {"v": "ti.Vector.ndarray(2, ti.f32, ", "M": "ti.Matrix.ndarray(2, 2, ti.f32, "}.get(kind, "ti.ndarray(ti.f32, ")
         else:
-            self.emit(1, f"{name} = ti.field(dtype=ti.f32, shape={self.n}, needs_grad=True)")
+            make = {"v": "ti.Vector.field(2, dtype=ti.f32, ", "M": "ti.Matrix.field(2, 2, dtype=ti.f32, "}.get(
+                kind, "ti.field(dtype=ti.f32, ")
+        self.kinds[name] = kind
+        self.emit(1, f"{name} = {make}shape={shape}, needs_grad=True)")
+
+    def new_temp(self, pair: bool) -> str:
+        """A fresh temporary the kernel stores into: (n,) in a 1-D loop, (n, n) in a pair loop."""
+        name = self.fresh("T")
+        kind = "m" if pair else self.pick(["s", "v", "M", "M"] if self.matrices else ["s", "s", "v"])
+        self.declare(name, kind, self.ndarrays and self.chance(0.35))
         return name
 
     def choose_targets(self, pair: bool) -> list[tuple[str, str]]:
         targets = []
-        if not pair:
-            if self.chance(0.6):
-                targets.append((self.new_temp(), "store"))
-            elif self.chance(0.5):
-                names = [n for n, k in self.kinds.items() if k in ("s", "v") and n not in self.read_before]
-                if names:
-                    targets.append((self.pick(names), "store"))  # updated in place
+        stored_kinds = ("m",) if pair else ("s", "v", "M")
+        if self.chance(0.6):
+            targets.append((self.new_temp(pair), "store"))
+        elif self.chance(0.5):
+            names = [n for n, k in self.kinds.items() if k in stored_kinds and n not in self.read_before]
+            if names:
+                targets.append((self.pick(names), "store"))  # updated in place
         for _ in range(int(self.rng.integers(1, 3))):
             name = self.pick(list(self.kinds) + ["loss"])
             if all(name != t for t, _ in targets) and name not in self.read_before:
@@ -438,31 +587,44 @@ class Generator:
             targets.append(("loss", "add"))  # nothing reads the loss: always a valid target
         return targets
 
+    def signature(self, start: int, args: list[str]) -> list[str]:
+        """The ndarrays the kernel's lines from `start` on use become its first arguments (a
+        kernel takes an ndarray as an argument; the parameter has the ndarray's name)."""
+        text = "\n".join(self.out[start:])
+        nds = [x for x in self.kinds if x in self.nd and re.search(rf"\b{x}\[", text)]
+        sig = [f"{x}: ti.types.ndarray()" for x in nds] + [f"{a}: ti.f32" for a in args]
+        self.out[start] = self.out[start].replace("(ARGS)", f"({', '.join(sig)})")
+        return nds
+
     def kernel(self) -> None:
         name = self.fresh("k")
         kind = self.pick(["map", "map", "pair", "reduce"])
-        self.k = _Kernel(loop=kind, flat=kind == "map" and self.chance(0.4))
+        self.k = _Kernel(loop=kind, flat=kind == "map" and self.chance(0.4), own="i, j" if kind == "pair" else "i")
         if self.chance(0.25):
             self.k.args = ["c0"]
         targets = self.choose_targets(kind == "pair")
-        self.k.stored = {t: "i" for t, how in targets if how == "store"}
+        self.k.stored = {t: self.k.own for t, how in targets if how == "store"}
         self.k.added = {t for t, how in targets if how == "add"}
         self.k.reads |= set(self.k.stored)  # an update in place reads it
-        sig = ", ".join(f"{a}: ti.f32" for a in self.k.args)
         ret = kind == "reduce" and self.chance(0.3)
         self.emit(1, "@ti.kernel")
-        self.emit(1, f"def {name}({sig})" + (" -> ti.f32:" if ret else ":"))
+        start = len(self.out)
+        self.emit(1, f"def {name}(ARGS)" + (" -> ti.f32:" if ret else ":"))
+        fields = [f for f in self.kinds if f not in self.nd]  # a struct-for runs over a field only
         if kind == "pair":
-            self.emit(2, self.pick([f"for i, j in ti.ndrange({self.n}, {self.n}):", "for i, j in m:"])
-                      if self.readable("m") else f"for i, j in ti.ndrange({self.n}, {self.n}):")
+            loops = [f"for i, j in ti.ndrange({self.n}, {self.n}):"]
+            loops += [f"for i, j in {f}:" for f in fields if self.kinds[f] == "m" and self.readable(f)]
+            self.emit(2, self.pick(loops))
             sc = _Scope(["i", "j"])
         else:
-            loops = [f"for i in range({self.n}):"] + [f"for i in {f}:" for f, k in self.kinds.items()
-                                                        if k in ("s", "v")]
+            loops = [f"for i in range({self.n}):"] + [f"for i in {f}:" for f in fields
+                                                        if self.kinds[f] in ("s", "v", "M")]
             if kind == "reduce":
                 self.emit(2, "s = 0.0")
             self.emit(2, self.pick(loops))
             sc = _Scope(["i"])
+        if self.matrices and self.chance(0.6):
+            self.matrix_local(sc, 3)
         self.body(sc, 3, targets, 0, int(self.rng.integers(1, 4)))
         if kind == "reduce":
             self.emit(3, f"s += {self.expr(sc)}")
@@ -475,16 +637,18 @@ class Generator:
             if ret:
                 self.emit(2, "return s")
         self.read_before |= self.k.reads
-        args = ", ".join(self.const() for _ in self.k.args)
-        self.launches.append(f"({name}, ({args}{',' if args else ''}))")
+        args = self.signature(start, self.k.args) + [self.const() for _ in self.k.args]
+        self.launches.append(f"({name}, ({', '.join(args)}{',' if args else ''}))")
 
     def loss_kernel(self) -> None:
-        """The last kernel reads every float field, so every input gets a gradient."""
+        """The last kernel reads every float field (every element of it), so every input gets a
+        gradient."""
         self.k = _Kernel(added={"loss"})
         self.emit(1, "@ti.kernel")
-        self.emit(1, "def total():")
+        start = len(self.out)
+        self.emit(1, "def total(ARGS):")
         self.emit(2, f"for i in range({self.n}):")
-        terms = []
+        terms, n = [], self.n
         for name, kind in self.kinds.items():
             c = self.const(0.3, 0.9)
             if kind == "s":
@@ -492,22 +656,30 @@ class Generator:
                                         f"{c} * {name}[i] * {name}[i]"]))
             elif kind == "v":
                 terms.append(f"{name}[i].dot(ti.Vector([{c}, {self.const(0.3, 0.9)}]))")
+            elif kind == "M":
+                terms.append(f"{c} * {name}[i].norm_sqr() + {name}[i].trace() * {self.const(0.3, 0.9)} + "
+                             f"{self.const(0.3, 0.9)} * {name}[i]{self.mcomp()}")
             elif kind == "m":
-                n = self.n
-                terms.append(f"{c} * ti.sin({name}[i, (i + 1) % {n}]) + {name}[i, i] * {name}[(i + 2) % {n}, i]")
+                self.emit(3, f"for j in range({n}):")
+                self.emit(4, f"loss[None] += {c} * ti.sin({name}[i, j] + 0.3) + "
+                             f"{self.const(0.3, 0.9)} * {name}[i, j] * {name}[j, (i + 1) % {n}]")
             else:
-                terms.append(f"{c} * {name}[None] * {name}[None] / {self.n}")
+                terms.append(f"{c} * {name}[None] * {name}[None] / {n}")
         self.emit(3, "loss[None] += " + " + ".join(terms))
-        self.launches.append("(total, ())")
+        args = self.signature(start, [])
+        self.launches.append(f"(total, ({', '.join(args)}{',' if args else ''}))")
 
     def generate(self) -> Program:
         n = self.n
         self.emit(0, "def build(ti):")
-        self.emit(1, f"a = ti.field(dtype=ti.f32, shape={n}, needs_grad=True)")
-        self.emit(1, f"b = ti.field(dtype=ti.f32, shape={n}, needs_grad=True)")
-        self.emit(1, f"v = ti.Vector.field(2, dtype=ti.f32, shape={n}, needs_grad=True)")
-        self.emit(1, f"m = ti.field(dtype=ti.f32, shape=({n}, {n}), needs_grad=True)")
-        self.emit(1, "w = ti.field(dtype=ti.f32, shape=(), needs_grad=True)")
+        for name, kind in FLOAT_INPUTS.items():
+            self.declare(name, kind, False)
+        if self.matrices:
+            self.declare("M", "M", False)
+        if self.ndarrays:
+            self.declare("na", "s", True)
+            if self.chance(0.5):
+                self.declare("nv", "v", True)
         self.emit(1, "loss = ti.field(dtype=ti.f32, shape=(), needs_grad=True)")
         self.emit(1, f"cnt = ti.field(dtype=ti.i32, shape={n})")
         for _ in range(int(self.rng.integers(0, 3))):
@@ -517,9 +689,8 @@ class Generator:
         self.loss_kernel()
         fields = ", ".join(f"{f!r}: {f}" for f in list(self.kinds) + ["loss", "cnt"])
         self.emit(1, f"return {{{fields}}}, [{', '.join(self.launches)}]")
-        shapes = {"s": (n,), "v": (n, 2), "m": (n, n), "0": ()}
         return Program(self.seed, n, "\n".join(self.out) + "\n",
-                       {f: shapes[k] for f, k in self.kinds.items()}, {"cnt": (n,)})
+                       {f: SHAPES[k](n) for f, k in self.kinds.items()}, {"cnt": (n,)})
 
 
 def generate(seed: int) -> Program:

@@ -6,7 +6,9 @@ loops run serially, in order. That is one valid schedule, and the only one that 
 generator writes race-free programs (each element is stored by its own iteration; += is the only
 write several iterations share). Semantics follow Taichi's documentation: `/` is true division,
 `v.norm(eps)` is sqrt(sum v_k^2 + eps),
-`v.normalized(eps)` is v / (v.norm() + eps), `ti.select(c, a, b)` is `a if c else b`.
+`v.normalized(eps)` is v / (v.norm() + eps), `ti.select(c, a, b)` is `a if c else b`; a matrix's
+`norm` is the Frobenius norm, `A @ B` the matrix product, `*` elementwise. ndarrays are fields
+passed as arguments (`ti.types.ndarray()` annotates nothing here).
 
 `run_module` executes a module's source with every comparison rewritten to `_fuzz_cmp(...)`, which
 records how close its two sides came (`margin()`): ti.max / ti.min / ti.abs / a norm record theirs
@@ -27,6 +29,7 @@ f32 = "f32"
 i32 = "i32"
 
 _margin = [math.inf]
+_noting = [True]  # off while central differences run the program again and again
 
 
 def reset_margin() -> None:
@@ -38,7 +41,7 @@ def margin() -> float:
 
 
 def _note(a, b) -> None:
-    if isinstance(a, (float, np.floating)) or isinstance(b, (float, np.floating)):
+    if _noting[0] and (isinstance(a, float) or isinstance(b, float)):  # np.float64 is a float
         d = builtins.abs(float(a) - float(b))
         if d > 0.0:  # an exact tie is of values no input moves (abs(i * 0.2) at i = 0)
             _margin[0] = builtins.min(_margin[0], d)
@@ -64,30 +67,46 @@ class _Comparisons(ast.NodeTransformer):
         return ast.copy_location(out, node)
 
 
-def run_module(source: str, filename: str = "<fuzz>") -> dict:
-    """Execute `source` with comparisons instrumented; returns its namespace."""
-    tree = ast.fix_missing_locations(_Comparisons().visit(ast.parse(source)))
+def noting(on: bool) -> None:
+    """Record margins (on) or not (faster: for runs whose margin nobody reads)."""
+    _noting[0] = on
+
+
+def run_module(source: str, filename: str = "<fuzz>", instrument: bool = True) -> dict:
+    """Execute `source` with comparisons instrumented (unless not `instrument`); returns its
+    namespace."""
+    tree = ast.parse(source)
+    if instrument:
+        tree = ast.fix_missing_locations(_Comparisons().visit(tree))
     ns = {"_fuzz_cmp": _fuzz_cmp, "__name__": "fuzz_shim_program"}
     exec(compile(tree, filename, "exec"), ns)
     return ns
 
 
 # ---- values --------------------------------------------------------------------------------
+# Plain Python floats throughout: central differences run a program once per input element, and
+# NumPy's per-call cost on 2- to 9-element arrays would dominate.
 
 class Vec:
-    """A small immutable vector (value semantics, like a Taichi local)."""
+    """A small vector (shape (n,)) or matrix ((n, m), entries row by row) with value semantics,
+    like a Taichi local. A value read from a field remembers where it came from, so that
+    `x[i][r, c] += e` writes through to the field."""
 
-    __slots__ = ("e",)
+    __slots__ = ("e", "shape", "owner")
 
-    def __init__(self, e):
-        self.e = np.array(e, dtype=np.float64)
+    def __init__(self, e: list, shape: tuple, owner=None):
+        self.e = e            # a list of floats, owned by this value
+        self.shape = shape
+        self.owner = owner    # (the field's dict, key) or None
 
     def _op(self, other, f):
-        o = other.e if isinstance(other, Vec) else other
-        return Vec(f(self.e, o))
+        if isinstance(other, Vec):
+            assert other.shape == self.shape, (self.shape, other.shape)
+            return Vec([f(x, y) for x, y in zip(self.e, other.e)], self.shape)
+        return Vec([f(x, other) for x in self.e], self.shape)
 
     def _rop(self, other, f):
-        return Vec(f(other, self.e))
+        return Vec([f(other, x) for x in self.e], self.shape)
 
     __add__ = lambda s, o: s._op(o, operator.add)
     __sub__ = lambda s, o: s._op(o, operator.sub)
@@ -99,79 +118,182 @@ class Vec:
     __rtruediv__ = lambda s, o: s._rop(o, operator.truediv)
 
     def __neg__(self):
-        return Vec(-self.e)
+        return Vec([-x for x in self.e], self.shape)
+
+    def _rows(self):
+        n, m = self.shape
+        return [self.e[r * m:(r + 1) * m] for r in range(n)]
+
+    def _cols(self):
+        n, m = self.shape
+        return [self.e[c::m] for c in range(m)]
+
+    def __matmul__(self, other):
+        a, b = self.shape, other.shape
+        if len(a) == 1 and len(b) == 1:
+            return self.dot(other)
+        if len(b) == 1:    # matrix @ vector
+            assert a[1] == b[0]
+            return Vec([_dot(r, other.e) for r in self._rows()], (a[0],))
+        if len(a) == 1:    # vector @ matrix: a row vector
+            assert a[0] == b[0]
+            return Vec([_dot(self.e, c) for c in other._cols()], (b[1],))
+        assert a[1] == b[0]
+        return Vec([_dot(r, c) for r in self._rows() for c in other._cols()], (a[0], b[1]))
+
+    def _flat(self, k):
+        if isinstance(k, tuple):
+            r, c = k
+            n, m = self.shape
+            assert 0 <= r < n and 0 <= c < m, (k, self.shape)
+            return r * m + c
+        assert len(self.shape) == 1 and 0 <= k < self.shape[0], (k, self.shape)
+        return k
 
     def __getitem__(self, k):
-        return float(self.e[k])
+        return self.e[self._flat(k)]
+
+    def __setitem__(self, k, value):
+        self.e[self._flat(k)] = float(value)
+        if self.owner is not None:
+            d, key = self.owner
+            d[key] = list(self.e)
 
     @property
     def x(self):
-        return float(self.e[0])
+        return self.e[0]
 
     @property
     def y(self):
-        return float(self.e[1])
+        return self.e[1]
 
     def dot(self, other):
-        return float(np.dot(self.e, other.e))
+        assert self.shape == other.shape
+        return _dot(self.e, other.e)
 
     def norm(self, eps=0.0):
-        r = math.sqrt(float(np.dot(self.e, self.e)) + eps)
+        r = math.sqrt(self.norm_sqr() + eps)
         _note(r, 0.0)
         return r
 
     def norm_sqr(self):
-        return float(np.dot(self.e, self.e))
+        return _dot(self.e, self.e)
 
     def normalized(self, eps=0.0):
-        return Vec(self.e * (1.0 / (self.norm() + eps)))
+        return self * (1.0 / (self.norm() + eps))
+
+    def transpose(self):
+        n, m = self.shape
+        return Vec([x for c in self._cols() for x in c], (m, n))
+
+    def trace(self):
+        n, m = self.shape
+        return sum(self.e[k * m + k] for k in range(min(n, m)))
+
+    def determinant(self):
+        return _det(self._rows())
+
+    def outer_product(self, other):
+        return Vec([x * y for x in self.e for y in other.e], (len(self.e), len(other.e)))
+
+    def sum(self):
+        return sum(self.e)
+
+
+def _dot(xs, ys):
+    return sum(x * y for x, y in zip(xs, ys))
+
+
+def _det(rows):
+    """Laplace expansion along the first row."""
+    if len(rows) == 1:
+        return rows[0][0]
+    return sum((-1) ** j * rows[0][j] * _det([r[:j] + r[j + 1:] for r in rows[1:]]) for j in range(len(rows)))
 
 
 class _VectorNS:
     def __call__(self, e):
-        return Vec([float(c) for c in e])
+        return Vec([float(c) for c in e], (len(e),))
 
     @staticmethod
     def field(n, dtype, shape, needs_grad=False):
         return Field(dtype, shape, (n,))
 
+    ndarray = field
 
-Vector = _VectorNS()
+
+class _MatrixNS:
+    def __call__(self, rows):
+        return Vec([float(c) for row in rows for c in row], (len(rows), len(rows[0])))
+
+    @staticmethod
+    def field(n, m, dtype, shape, needs_grad=False):
+        return Field(dtype, shape, (n, m))
+
+    ndarray = field
+
+
+class _TypesNS:
+    @staticmethod
+    def ndarray(*args, **kwargs):
+        return None
+
+
+Vector, Matrix, types = _VectorNS(), _MatrixNS(), _TypesNS()
 
 
 class Field:
+    """A field or ndarray: its elements in a dict by index (an int, a tuple, or None for 0-d), a
+    vector or matrix element as a flat list."""
+
     def __init__(self, dtype, shape, element_shape=()):
         self.shape = (shape,) if isinstance(shape, int) else tuple(shape)
         self.element_shape = tuple(element_shape)
         self.dtype = dtype
-        self.a = np.zeros(self.shape + self.element_shape, np.int64 if dtype == i32 else np.float64)
-
-    def _key(self, idx):
-        return () if idx is None else idx
+        self.from_numpy(np.zeros(self.shape + self.element_shape))
 
     def __getitem__(self, idx):
-        v = self.a[self._key(idx)]
-        if self.element_shape:
-            return Vec(v)
-        return int(v) if self.dtype == i32 else float(v)
+        return Vec(list(self.d[idx]), self.element_shape, (self.d, idx))
 
     def __setitem__(self, idx, value):
-        self.a[self._key(idx)] = value.e if isinstance(value, Vec) else value
+        assert value.shape == self.element_shape, (value.shape, self.element_shape)
+        self.d[idx] = list(value.e)
 
     def __iter__(self):
         if len(self.shape) == 1:
             return iter(range(self.shape[0]))
         return itertools.product(*(range(s) for s in self.shape))
 
+    def _keys(self):
+        if not self.shape:
+            return [None]
+        return range(self.shape[0]) if len(self.shape) == 1 else itertools.product(*(range(s) for s in self.shape))
+
     def from_numpy(self, arr):
-        self.a[...] = arr
+        arr = np.asarray(arr, np.int64 if self.dtype == i32 else np.float64).reshape(self.shape + self.element_shape)
+        flat = arr.reshape((-1,) + ((int(np.prod(self.element_shape)),) if self.element_shape else ())).tolist()
+        self.d = dict(zip(self._keys(), flat))
 
     def to_numpy(self):
-        return self.a.copy()
+        out = np.zeros(self.shape + self.element_shape, np.int64 if self.dtype == i32 else np.float64)
+        for k, x in self.d.items():
+            out[() if k is None else k] = np.reshape(x, self.element_shape) if self.element_shape else x
+        return out
+
+
+class ScalarField(Field):
+    def __getitem__(self, idx):
+        return self.d[idx]
+
+    def __setitem__(self, idx, value):
+        self.d[idx] = int(value) if self.dtype == i32 else float(value)
 
 
 def field(dtype, shape, needs_grad=False):
-    return Field(dtype, shape)
+    return ScalarField(dtype, shape)
+
+
+ndarray = field
 
 
 def kernel(fn):

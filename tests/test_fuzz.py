@@ -18,8 +18,10 @@ that differs from the reference counts as a failure only when the reference is s
 the inputs by float32 rounding moves the float64 gradient by less than the tolerance; else the
 program is skipped as ill-conditioned (seed 1641: acc = 0.44 - acc ** 2 iterated).
 
-CI runs WGPU_AD_FUZZ_EXAMPLES programs, default 128 (seeds 0-127: 275 random kernels besides the
-loss kernels, 948 field writes; 47 s on lavapipe with 2 cores, most of it compiling). For a longer
+CI runs WGPU_AD_FUZZ_EXAMPLES programs, default 128 (seeds 0-127: 252 random kernels besides the
+loss kernels, about 1080 field writes; 40 of the programs have matrices, 52 ndarrays, 36 a 2-D
+temporary stored by a pair loop; 56 s on lavapipe with 2 cores where the generator without
+those took 50 s; most of it compiling, a fifth the float64 central differences). For a longer
 local run: WGPU_AD_FUZZ_EXAMPLES=5000 python -m pytest -q tests/test_fuzz.py (seeds 0-4999).
 WGPU_AD_FUZZ_SEED=S runs the program of seed S alone; `python tests/fuzz_gen.py S` prints it.
 """
@@ -86,6 +88,8 @@ class Shim:
     def __init__(self, prog: Program):
         self.prog = prog
         self.build = fuzz_shim.run_module(prog.source, f"<fuzz seed {prog.seed}>")["build"]
+        # central differences read no margins: the program without comparisons instrumented
+        self.build_plain = fuzz_shim.run_module(prog.source, f"<fuzz seed {prog.seed}>", instrument=False)["build"]
 
     def run(self, inputs: dict[str, np.ndarray]):
         """-> (fields after the program, the launches' return values, the smallest margin)."""
@@ -97,20 +101,67 @@ class Shim:
         return {n: f.to_numpy() for n, f in fields.items()}, rets, fuzz_shim.margin()
 
     def grads(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """d loss / d (initial value of each float field), by float64 central differences."""
+        """d loss / d (initial value of each float field), by float64 central differences.
+
+        One run of the program per step of each element: a run restarts from the state before
+        the first launch that touches the field (the launches before it cannot see the step),
+        and the program is not instrumented (no margins are read here)."""
+        fuzz_shim.noting(False)
+        try:
+            return self._grads(inputs)
+        finally:
+            fuzz_shim.noting(True)
+
+    def _grads(self, inputs):
+        fields, launches = self.build_plain(fuzz_shim)
+        for name, f in fields.items():
+            f.from_numpy(inputs[name])
+        before = []   # the state before each launch: each field's dict (values are never mutated in place)
+        for k, args in launches:
+            before.append({n: dict(f.d) for n, f in fields.items()})
+            k(*args)
         out = {}
         for name in list(self.prog.float_fields) + ["loss"]:
+            first = next((at for at, (k, args) in enumerate(launches) if _touches(k, args, fields[name])),
+                         len(launches))
             x0 = inputs[name]
             g = np.zeros_like(x0)
             for k in np.ndindex(x0.shape):
+                if first == len(launches):  # no launch touches it: nor does the loss depend on it
+                    break
                 vals = []
                 for step in (H, -H):
+                    for n, f in fields.items():
+                        f.d = dict(before[first][n])
                     x = x0.copy()
                     x[k] += step
-                    vals.append(self.run({**inputs, name: x})[0]["loss"])
+                    fields[name].from_numpy(x)
+                    for kern, args in launches[first:]:
+                        kern(*args)
+                    vals.append(fields["loss"][None])
                 g[k] = (vals[0] - vals[1]) / (2 * H)
             out[name] = g
         return out
+
+
+def _touches(fn, args, obj) -> bool:
+    """Does kernel `fn` (a plain function in the shim) reach field `obj`: as an argument, or
+    through its closure (the fields of build(), helpers' closures included)?"""
+    if any(a is obj for a in args):
+        return True
+    seen, todo = set(), [fn]
+    while todo:
+        f = todo.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        for cell in getattr(f, "__closure__", None) or ():
+            v = cell.cell_contents
+            if v is obj:
+                return True
+            if callable(v):
+                todo.append(v)
+    return False
 
 
 def draw_inputs(prog: Program, shim: Shim):
@@ -146,13 +197,15 @@ def _set(fields, inputs) -> None:
 
 def _check_forward(fields, launches, inputs, want_fields, want_rets) -> None:
     _set(fields, inputs)
-    by_id = {id(f): n for n, f in fields.items()}
+    by_id = {id(f): (n, f) for n, f in fields.items()}
+    # a kernel taking an ndarray binds its gradient too (the IR interpreter returns it): unchanged
+    by_id.update({id(f.grad): (f"{n}.grad", f.grad) for n, f in fields.items() if n != "cnt"})
     for step, (k, args) in enumerate(launches):
         ref, ref_ret = run_on_reference(k, *args)
         ret = k(*args)
         for fid, arr in ref.items():
-            name = by_id[fid]
-            _close(fields[name].to_numpy(), arr,
+            name, obj = by_id[fid]
+            _close(obj.to_numpy(), arr,
                    f"launch {step} ({k.__name__}): field {name} against the IR interpreter")
         if ref_ret is not None:
             _close(ret, ref_ret, f"launch {step} ({k.__name__}): return value against the IR interpreter")

@@ -319,3 +319,78 @@ def test_an_element_stored_read_in_a_loop_then_stored_again():
     assert_grad(x.grad.to_numpy(), central_diff(lambda xv: f(xv, a0), x0))
     assert_grad(a.grad.to_numpy(), central_diff(lambda av: f(x0, av), a0))
     np.testing.assert_array_equal(t.grad.to_numpy(), np.zeros(N))  # overwritten: its gradient is consumed
+
+
+@pytest.mark.parametrize("then", ["the_other_component", "the_whole_element", "a_matrix_entry"])
+def test_one_component_stored_then_the_element_read(then):
+    """fuzz seed 21 of the matrix/ndarray generator (reduced): `t[i][0] = f(t[i][0])`, then a read
+    of t[i][1] (alone or as part of t[i]) before it is overwritten. Refused ('reads field t and
+    then overwrites what it read'): the read of t[i][1] was not given the snapshot because an
+    earlier store wrote to t, although to another component. Only a store that may touch the
+    element read keeps a read from its snapshot now."""
+    x = ti.field(ti.f32, shape=N, needs_grad=True)
+    t = ti.Vector.field(2, ti.f32, shape=N, needs_grad=True)
+    M = ti.Matrix.field(2, 2, ti.f32, shape=N, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    if then == "the_other_component":
+        @ti.kernel
+        def k():
+            for i in t:
+                t[i][0] = 0.5 * t[i][0] + x[i] * x[i]
+                t[i][1] = t[i][1] * ti.sin(t[i][0]) + x[i]
+
+        def step(xi, ti_, mi):
+            e0 = 0.5 * ti_[0] + xi * xi
+            return np.array([e0, ti_[1] * np.sin(e0) + xi]), mi
+    elif then == "the_whole_element":
+        @ti.kernel
+        def k():
+            for i in t:
+                t[i][0] = 0.5 * t[i][0] + x[i] * x[i]
+                t[i] = t[i] * t[i][1] + ti.Vector([x[i], 1.0])
+
+        def step(xi, ti_, mi):
+            e = np.array([0.5 * ti_[0] + xi * xi, ti_[1]])
+            return e * e[1] + np.array([xi, 1.0]), mi
+    else:
+        @ti.kernel
+        def k():
+            for i in M:
+                M[i][0, 1] = M[i][0, 1] * x[i] + 0.5
+                M[i] = M[i] @ M[i] * 0.5
+                t[i] = M[i] @ t[i]
+
+        def step(xi, ti_, mi):
+            e = mi.copy()
+            e[0, 1] = e[0, 1] * xi + 0.5
+            e = e @ e * 0.5
+            return e @ ti_, e
+
+    @ti.kernel
+    def total():
+        for i in range(N):
+            loss[None] += t[i].dot(ti.Vector([1.0, 2.0])) * (i + 1.0) + M[i].norm_sqr()
+
+    rng = np.random.default_rng(7)
+    x0, t0, m0 = rng.uniform(-1, 1, N), rng.uniform(-1, 1, (N, 2)), rng.uniform(-1, 1, (N, 2, 2))
+    for fld, val in ((x, x0), (t, t0), (M, m0)):
+        fld.from_numpy(val.astype(np.float32))
+
+    def run(xv, tv, mv):
+        outs = [step(xv[i], tv[i], mv[i]) for i in range(N)]
+        return np.array([o[0] for o in outs]), np.array([o[1] for o in outs])
+
+    def f(xv, tv, mv):
+        tt, mm = run(xv, tv, mv)
+        return float(((tt[:, 0] + 2 * tt[:, 1]) * np.arange(1, N + 1)).sum() + (mm * mm).sum())
+    with ti.ad.Tape(loss):
+        k()
+        total()
+    want_t, want_m = run(x0, t0, m0)
+    np.testing.assert_allclose(t.to_numpy(), want_t, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(M.to_numpy(), want_m, rtol=1e-5, atol=1e-6)
+    assert loss[None] == pytest.approx(f(x0, t0, m0), rel=1e-5)
+    assert_grad(x.grad.to_numpy(), central_diff(lambda xv: f(xv, t0, m0), x0))
+    assert_grad(t.grad.to_numpy(), central_diff(lambda tv: f(x0, tv, m0), t0))
+    assert_grad(M.grad.to_numpy(), central_diff(lambda mv: f(x0, t0, mv), m0))

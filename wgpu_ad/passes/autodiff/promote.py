@@ -322,7 +322,7 @@ def snapshot_loads(kernel: Kernel) -> dict[int, list]:
         if t.kind != "range":
             continue
         order = [s for s in walk(t.body) if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE)]
-        stored: dict[int, list] = {}  # buffer -> the stores earlier in the task
+        stored: dict[int, list] = {}  # id(buffer) -> the stores earlier in the task
         for n, load in enumerate(order):
             if load.op is Op.GLOBAL_STORE:
                 stored.setdefault(id(load.attr), []).append(load)
