@@ -862,3 +862,47 @@ def test_error_messages():
                 pass
         sq()
     assert x.grad.to_numpy() == pytest.approx(2 * x.to_numpy())
+
+
+def test_a_tangent_stopped_by_a_field_without_a_dual_is_refused():
+    """y = 2 x computed inside FwdMode into a field without a dual, then loss = sum y: the tangent
+    would stop at y and loss.dual stay 0 (Taichi's result). Refused, naming both kernels and the
+    fixes; each fix then gives its own right answer."""
+    def program(y_dual: bool):
+        x = ti.field(ti.f32, shape=3, needs_dual=True, name="x")
+        y = ti.field(ti.f32, shape=3, needs_dual=y_dual, name="y")
+        loss = ti.field(ti.f32, shape=(), needs_dual=True, name="loss")
+
+        @ti.kernel
+        def double():
+            for i in x:
+                y[i] = x[i] * x[i] * 2.0
+
+        @ti.kernel
+        def total():
+            for i in y:
+                loss[None] += y[i]
+        x.from_numpy(f32((1.0, 2.0, 3.0)))
+        return x, loss, double, total
+
+    x, loss, double, total = program(False)
+    with pytest.raises(ti.WgpuAdError, match=r"ti.ad.FwdMode: kernel 'total' reads field 'y', which 'double' computed "
+                                             r"inside the FwdMode block from values with tangents, but 'y' has no dual: "
+                                             r"the tangent stops there .* Create 'y' with needs_dual=True .*mark "
+                                             r"'double' with @ti.ad.no_grad"):
+        with ti.ad.FwdMode(loss=loss, param=x, seed=[1.0, 0.0, 1.0]):
+            double()
+            total()
+
+    x, loss, double, total = program(True)
+    with ti.ad.FwdMode(loss=loss, param=x, seed=[1.0, 0.0, 1.0]):
+        double()
+        total()
+    assert loss.dual[None] == pytest.approx(4.0 * 1.0 + 4.0 * 3.0)   # d/dx sum 2 x^2 . seed
+
+    x, loss, double, total = program(False)
+    with ti.ad.FwdMode(loss=loss, param=x, seed=[1.0, 0.0, 1.0]):
+        ti.ad.no_grad(double)()                                      # y as a constant, as meant
+        total()
+    assert loss.dual[None] == 0.0
+    assert loss[None] == pytest.approx(2.0 * (1 + 4 + 9))

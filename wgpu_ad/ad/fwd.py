@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import WgpuAdError
 from . import state
-from .naming import describe
+from .naming import describe, quoted
 
 
 def clear_all_duals() -> None:
@@ -83,6 +83,9 @@ class FwdMode:
         self.clear_gradients = bool(clear_gradients)
         self.entered = False
         self._where = ""
+        # float storages without a dual that a kernel inside the block computed from values with
+        # tangents: id -> (that kernel's name, the storage); see note_launch
+        self._carried: dict[int, tuple] = {}
 
     def _seed_array(self) -> np.ndarray:
         p = self.param
@@ -134,6 +137,27 @@ class FwdMode:
             state.current_fwd = None
         self.param.dual.fill(0)  # the seed is cleared (Taichi's behaviour)
         return False
+
+    def note_launch(self, name: str, reads: list, writes: list) -> None:
+        """A kernel launched inside the block (not @ti.ad.no_grad) that reads `reads` and writes
+        `writes`. Refuse it when it reads a field without a dual that an earlier kernel computed
+        here from values with tangents, and writes a field with one: the tangent stopped at that
+        field, so the derivative would silently miss its part (reverse mode's tape refuses the
+        same with gradients, tape.py). Else remember which dual-less fields it computed."""
+        if any(w.needs_dual for w in writes):
+            for r in reads:
+                seen = self._carried.get(id(r))
+                if seen is not None and seen[1] is r and not r.needs_dual:
+                    raise WgpuAdError(
+                        f"ti.ad.FwdMode: kernel '{name}' reads {describe(r)}, which '{seen[0]}' computed inside "
+                        f"the FwdMode block from values with tangents, but {quoted(r)} has no dual: the tangent "
+                        f"stops there and the derivative would silently miss everything that flows through it. "
+                        f"Create {quoted(r)} with needs_dual=True (or call ti.root.lazy_dual() before creating "
+                        f"the fields); if stopping the tangent is intended, mark '{seen[0]}' with @ti.ad.no_grad")
+        if any(r.dtype.is_float and (r.needs_dual or id(r) in self._carried) for r in reads):
+            for w in writes:
+                if w.dtype.is_float and not w.needs_dual:
+                    self._carried.setdefault(id(w), (name, w))
 
     def __repr__(self) -> str:
         return f"<ti.ad.FwdMode param={describe(self.param)}>"

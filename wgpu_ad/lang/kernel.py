@@ -313,6 +313,8 @@ class Kernel:
         """Inside ti.ad.FwdMode: the dual kernel (primal values and tangents) instead."""
         lc = self._get(args)[0]
         d, _specs, rt = self._get_dual(args)
+        ad = _ad_state or _ad()
+        ad.current_fwd.note_launch(self.__name__, [get(args) for get in lc.loads], [get(args) for get in lc.writes])
         if lc.ck.ret_dtype is not None and _storage.host_guard is not None:
             _storage.host_guard(self, f"the return value of kernel '{self.__name__}'")
         ret = launch(d, args + self._keep.scratch(lc, False), rt)
@@ -472,6 +474,7 @@ class Kernel:
         lc = fwd
         if ad.current_fwd is not None and not self._no_grad and not ad.in_no_grad:
             lc = self._get_dual(dev)[0]  # host arrays have no duals; fields may
+            ad.current_fwd.note_launch(self.__name__, [get(dev) for get in fwd.loads], [get(dev) for get in fwd.writes])
         if lc.snapshots and ad.keep_copies and not self._no_grad:  # no_grad: no adjoint reads them
             self._keep.keep_snapshots(lc, dev, taped)
         if lc.plan.shadowed and lc is fwd:
