@@ -561,7 +561,7 @@ class Generator:
             make = {"v": "ti.Vector.field(2, dtype=ti.f32, ", "M": "ti.Matrix.field(2, 2, dtype=ti.f32, "}.get(
                 kind, "ti.field(dtype=ti.f32, ")
         self.kinds[name] = kind
-        self.emit(1, f"{name} = {make}shape={shape}, needs_grad=True)")
+        self.emit(1, f"{name} = {make}shape={shape}, needs_grad=True, needs_dual=True)")
 
     def new_temp(self, pair: bool) -> str:
         """A fresh temporary the kernel stores into: (n,) in a 1-D loop, (n, n) in a pair loop."""
@@ -680,7 +680,7 @@ class Generator:
             self.declare("na", "s", True)
             if self.chance(0.5):
                 self.declare("nv", "v", True)
-        self.emit(1, "loss = ti.field(dtype=ti.f32, shape=(), needs_grad=True)")
+        self.emit(1, "loss = ti.field(dtype=ti.f32, shape=(), needs_grad=True, needs_dual=True)")
         self.emit(1, f"cnt = ti.field(dtype=ti.i32, shape={n})")
         for _ in range(int(self.rng.integers(0, 3))):
             self.helper()

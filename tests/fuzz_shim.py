@@ -216,7 +216,7 @@ class _VectorNS:
         return Vec([float(c) for c in e], (len(e),))
 
     @staticmethod
-    def field(n, dtype, shape, needs_grad=False):
+    def field(n, dtype, shape, needs_grad=False, needs_dual=False):
         return Field(dtype, shape, (n,))
 
     ndarray = field
@@ -227,7 +227,7 @@ class _MatrixNS:
         return Vec([float(c) for row in rows for c in row], (len(rows), len(rows[0])))
 
     @staticmethod
-    def field(n, m, dtype, shape, needs_grad=False):
+    def field(n, m, dtype, shape, needs_grad=False, needs_dual=False):
         return Field(dtype, shape, (n, m))
 
     ndarray = field
@@ -289,7 +289,7 @@ class ScalarField(Field):
         self.d[idx] = int(value) if self.dtype == i32 else float(value)
 
 
-def field(dtype, shape, needs_grad=False):
+def field(dtype, shape, needs_grad=False, needs_dual=False):
     return ScalarField(dtype, shape)
 
 

@@ -5,7 +5,12 @@ Each seeded program (a few kernels over fields and loops, written as Python sour
     (tests/reference.py): codegen and the runtime against the IR's meaning;
   * forward and backward on a ti.ad.Tape against the same source text run in float64 plain Python
     (tests/fuzz_shim.py): the loss, and every float field's gradient against float64 central
-    differences of the shim. The shim shares no code with wgpu_ad.
+    differences of the shim. The shim shares no code with wgpu_ad;
+  * in forward mode (ti.ad.FwdMode, every float field and ndarray with a dual): one input,
+    drawn by the seed, in a random direction: loss.dual against the float64 gradient dotted with
+    it.
+A NaN or inf where the reference is finite is a mismatch (it compared as "not off" until
+2026-11-25, which hid NaN gradients of |v| at v = 0).
 
 Inputs that put a branch, a min/max/abs or a norm within 1e-3 of its switch are drawn again (no
 derivative there, and float32 may take the other side). A program wgpu_ad refuses is recorded;
@@ -73,7 +78,7 @@ def _close(got, want, what: str, rtol: float = RTOL) -> None:
     # term is ~1e-7, so an absolute 1e-5 (rtol times a floor of 0.1) is what float32 can promise
     scale = max(float(np.abs(want).max()) if want.size else 0.0, 0.1)
     err = np.abs(got - want)
-    bad = err > rtol * (np.abs(want) + scale)
+    bad = ~(err <= rtol * (np.abs(want) + scale))   # a NaN or inf where the reference is finite is off too
     if bad.any():
         k = np.unravel_index(int(np.argmax(np.where(bad, err, -1))), err.shape) if err.ndim else ()
         raise AssertionError(f"{what}: element {k} is {got[k]!r}, expected {want[k]!r} "
@@ -200,6 +205,7 @@ def _check_forward(fields, launches, inputs, want_fields, want_rets) -> None:
     by_id = {id(f): (n, f) for n, f in fields.items()}
     # a kernel taking an ndarray binds its gradient too (the IR interpreter returns it): unchanged
     by_id.update({id(f.grad): (f"{n}.grad", f.grad) for n, f in fields.items() if n != "cnt"})
+    by_id.update({id(f.dual): (f"{n}.dual", f.dual) for n, f in fields.items() if n != "cnt"})  # so do duals
     for step, (k, args) in enumerate(launches):
         ref, ref_ret = run_on_reference(k, *args)
         ret = k(*args)
@@ -230,6 +236,29 @@ def _check_gradients(fields, launches, inputs, want_fields, shim) -> None:
         if not _stable(shim, inputs, want):
             raise IllConditioned() from None
         raise
+    return want
+
+
+def _check_tangents(fields, launches, inputs, want, seed: int) -> None:
+    """Forward mode on the same launches: one float input, drawn by the seed, seeded with a
+    random direction; loss.dual against the float64 gradient (already checked) dotted with it,
+    within _close's per-element tolerance of the gradient, weighted by the direction."""
+    rng = np.random.default_rng(seed + 2 * 10**6)
+    names = sorted(n for n in want if n != "loss")
+    if not names:
+        return
+    name = names[int(rng.integers(len(names)))]
+    direction = rng.uniform(-1.0, 1.0, want[name].shape)
+    _set(fields, inputs)
+    with ti.ad.FwdMode(loss=fields["loss"], param=fields[name], seed=direction.ravel().tolist()):
+        for k, args in launches:
+            k(*args)
+    expect = float(np.sum(want[name] * direction))
+    got = float(fields["loss"].dual.to_numpy())
+    scale = max(float(np.abs(want[name]).max(initial=0.0)), 0.1)   # as _close's, element by element
+    tol = RTOL * float(np.sum(np.abs(direction) * (np.abs(want[name]) + scale)))
+    assert abs(got - expect) <= tol, (f"forward mode: d loss / d {name} . direction is {got}, float64 says "
+                                      f"{expect} (tolerance {tol:.3g})")
 
 
 def _stable(shim: Shim, inputs, want) -> bool:
@@ -260,7 +289,8 @@ def check_program(seed: int | Program, folder) -> str:
     ti.set_compile_options(stencil_gather=True if prog.seed % 2 else None)
     try:
         _check_forward(fields, launches, inputs, want_fields, want_rets)
-        _check_gradients(fields, launches, inputs, want_fields, shim)
+        want = _check_gradients(fields, launches, inputs, want_fields, shim)
+        _check_tangents(fields, launches, inputs, want, prog.seed)
     except ti.CompileError as e:
         raise Refused(str(e)) from e
     except IllConditioned:

@@ -195,6 +195,9 @@ def test_nan_arising_in_a_serial_loop_with_a_stack():
 
 @gpu
 def test_vector_norm_at_the_zero_vector():
+    """|p| at p = 0 has no derivative; wgpu_ad takes the smallest subgradient, 0, as for abs at 0
+    (Taichi's chain rule through sqrt gives 0 * inf = NaN there), so no NaN is raised; elsewhere
+    the gradient is p / |p|."""
     ti.init(debug=True)
     p = ti.Vector.field(3, ti.f32, shape=4, needs_grad=True)
     loss = ti.field(ti.f32, shape=(), needs_grad=True)
@@ -202,25 +205,23 @@ def test_vector_norm_at_the_zero_vector():
     @ti.kernel
     def lengths():
         for i in p:
-            loss[None] += p[i].norm()
+            loss[None] += p[i].norm() + p[i].norm() ** 2
 
     a = np.ones((4, 3), np.float32)
     a[2] = 0
     p.from_numpy(a)
-
-    def run():
-        with ti.ad.Tape(loss):
-            lengths()
-    e = raises_nan(run)
-    line = line_of(lengths, ".norm()")
-    assert (e.kernel, e.field, e.op, e.line) == ("lengths", "p", "sqrt", line) and e.index[0] == 2
-    assert len(e.index) == 2 and f"the gradient of p[2][{e.index[1]}] is NaN" in str(e)
-    assert "d/dx sqrt(x) = 1 / (2 sqrt(x)) is infinite at x = 0" in str(e) and "v.norm(eps)" in str(e)
-    assert "    loss[None] += p[i].norm()\n" in str(e)
+    with ti.ad.Tape(loss):
+        lengths()
+    want = a / np.sqrt(3.0) + 2 * a
+    want[2] = 0.0
+    np.testing.assert_allclose(p.grad.to_numpy(), want, rtol=1e-6)
 
 
 @gpu
-def test_zero_times_inf_in_a_chain():
+def test_an_infinite_derivative_times_a_zero_adjoint_is_zero():
+    """w * sqrt(x) at w = 0, x = 0 is 0 for every x near 0: its derivative in x is 0, not the
+    0 * inf = NaN of the chain rule (sqrt's derivative term is left out where its incoming adjoint
+    is exactly 0). Where the adjoint is not 0, sqrt's infinite slope at 0 is still an inf."""
     ti.init(debug=True)
     x = ti.field(ti.f32, shape=2, needs_grad=True)
     w = ti.field(ti.f32, shape=2)
@@ -233,14 +234,39 @@ def test_zero_times_inf_in_a_chain():
 
     x.from_numpy(f32([1, 0]))
     w.from_numpy(f32([1, 0]))
+    with ti.ad.Tape(loss):
+        chain()
+    np.testing.assert_array_equal(x.grad.to_numpy(), [0.5, 0.0])
+    w.from_numpy(f32([1, 1]))
 
     def run():
         with ti.ad.Tape(loss):
             chain()
     e = raises_nan(run)
-    assert (e.field, e.index, e.op) == ("x", (1,), "sqrt")
-    assert ("(here the argument is 0; incoming adjoint 0, so the gradient passed to its argument is NaN (an "
-            "infinite derivative times an incoming adjoint of 0: 0 * inf = NaN)).") in str(e)
+    assert (e.field, e.index, e.op) == ("x", (1,), "sqrt") and "is inf" in str(e)
+
+
+@gpu
+def test_zero_times_inf_in_a_chain():
+    ti.init(debug=True)
+    x = ti.field(ti.f32, shape=2, needs_grad=True)
+    w = ti.field(ti.f32, shape=2)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def chain():
+        for i in x:
+            loss[None] += w[i] * ti.asin(x[i])
+
+    x.from_numpy(f32([0.5, 1]))
+    w.from_numpy(f32([1, 0]))
+
+    def run():
+        with ti.ad.Tape(loss):
+            chain()
+    e = raises_nan(run)
+    assert (e.field, e.index, e.op) == ("x", (1,), "asin")
+    assert "incoming adjoint 0" in str(e) and "0 * inf = NaN" in str(e), str(e)
 
 
 @gpu

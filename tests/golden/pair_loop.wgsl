@@ -143,18 +143,20 @@ fn main(@builtin(workgroup_id) wg_id: vec3<u32>, @builtin(num_workgroups) n_wg: 
             let v14 = -v13;
             let v15 = v14 * 0.5f;
             let v16 = v15 * v11;
-            let r_y_adj = v16 * r_y;
+            let v17 = v14 != 0.0f;
+            let v18 = select(0.0f, v16, v17);
+            let r_y_adj = v18 * r_y;
             let r_y_adj_1 = r_y_adj + r_y_adj;
-            let r_x_adj = v16 * r_x;
+            let r_x_adj = v18 * r_x;
             let r_x_adj_1 = r_x_adj + r_x_adj;
             let pos_y_adj_1 = -r_y_adj_1;
             let pos_y_adj_2 = pos_y_adj;
-            let v17 = pos_y_adj_2 + r_y_adj_1;
-            pos_y_adj = v17;
+            let v19 = pos_y_adj_2 + r_y_adj_1;
+            pos_y_adj = v19;
             let pos_x_adj_1 = -r_x_adj_1;
             let pos_x_adj_2 = pos_x_adj;
-            let v18 = pos_x_adj_2 + r_x_adj_1;
-            pos_x_adj = v18;
+            let v20 = pos_x_adj_2 + r_x_adj_1;
+            pos_x_adj = v20;
             atomic_add_pos_grad(v4, pos_y_adj_1);
             atomic_add_pos_grad(v3, pos_x_adj_1);
         }

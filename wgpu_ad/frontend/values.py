@@ -302,10 +302,19 @@ class Ops:
         return self.dot(a, a)
 
     def norm(self, a: Mat, eps=0):
+        """sqrt(a . a + eps). Without eps, sqrt(0) is taken out by a select: the derivative of
+        |a| at a = 0 is then 0 (abs'(0) = 0 likewise, the smallest subgradient), where the chain
+        rule through sqrt would multiply 0 by 1 / sqrt(0) and give NaN, also for |a|**2 and for a
+        vector that is zero whatever the inputs (|t * v| at t = 0)."""
         s = self.norm_sqr(a)
         if not (is_static(eps) and eps == 0):
             s = self.binary(Op.ADD, s, eps)
-        return self.unary(Op.SQRT, self.cast(s, f32) if is_static(s) else s)
+        if is_static(s):
+            return self.unary(Op.SQRT, self.cast(s, f32))
+        r = self.unary(Op.SQRT, s)
+        if not (is_static(eps) and eps == 0):
+            return r
+        return self.select(self.binary(Op.GT, s, 0.0), r, 0.0)
 
     def normalized(self, a: Mat, eps=0):
         """a / (|a| + eps): Taichi's definition (eps is added to the norm, not under the root)."""

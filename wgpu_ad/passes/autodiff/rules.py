@@ -87,6 +87,15 @@ def _cmp_select(d, op, x, y, g):
     return [d.select(c, g, d.zero), d.select(c, d.zero, g)]
 
 
+def _strong_zero(d, g, v):
+    """v, a derivative term proportional to g, or 0 where g is exactly 0: sqrt's 1 / sqrt(0) is
+    inf, and 0 * inf would make NaN of a zero adjoint or tangent (|a|**2 at a = 0, a root whose
+    argument no input moves). None (forward mode's zero tangent) stays None."""
+    if g is None or v is None:
+        return None
+    return d.select(d.emit(Op.NE, [g, d.zero]), v, d.zero)
+
+
 def _div(d, x, y, r, g):
     inv = d.div(d.one, y)  # one reciprocal per divisor (see SQRT)
     return [d.mul(g, inv), d.neg(d.mul(d.mul(g, r), inv))]
@@ -106,7 +115,7 @@ RULES = {
     Op.LOG: lambda d, x, r, g: [d.div(g, x)],
     # one reciprocal per divisor, shared by the rules through CSE (1/sqrt(x) of SQRT is the 1/y
     # of a division by that root, as in every 1/|r| potential): fewer divisions in adjoints
-    Op.SQRT: lambda d, x, r, g: [d.mul(d.mul(g, d.half), d.div(d.one, r))],
+    Op.SQRT: lambda d, x, r, g: [_strong_zero(d, g, d.mul(d.mul(g, d.half), d.div(d.one, r)))],
     Op.RSQRT: lambda d, x, r, g: [d.mul(g, d.mul(d.const(-0.5), d.mul(r, d.mul(r, r))))],
     Op.CAST: lambda d, x, r, g: [d.cast_adjoint(g, x)],
     Op.ADD: lambda d, x, y, r, g: [g, g],
@@ -140,7 +149,7 @@ JVP = {
     Op.LOG: lambda d, x, r, dx: d.div(dx, x),
     # one reciprocal per divisor, as in the adjoint rules: 1/sqrt(x) here is the 1/y of DIV's
     # rule when the root divides (every 1/|r| potential), so CSE leaves one division for both
-    Op.SQRT: lambda d, x, r, dx: d.mul(d.mul(dx, d.half), d.lazy(lambda: d.div(d.one, r))),
+    Op.SQRT: lambda d, x, r, dx: _strong_zero(d, dx, d.mul(d.mul(dx, d.half), d.lazy(lambda: d.div(d.one, r)))),
     Op.RSQRT: lambda d, x, r, dx: d.mul(dx, d.mul(d.const(-0.5), d.mul(r, d.mul(r, r)))),
     Op.CAST: lambda d, x, r, dx: d.cast_tangent(dx, x),
     Op.ADD: lambda d, x, y, r, dx, dy: d.add(dx, dy),
