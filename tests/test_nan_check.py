@@ -542,3 +542,30 @@ def test_checked_adjoint_ir_runs_in_the_reference_interpreter(check_nan):
     assert str(info.value).startswith(
         "the gradient of x[scalar #1] is inf: the backward pass of kernel 'root_sum' adds inf to its gradient")
     assert f"It starts at the derivative of sqrt at line {line} of root_sum: d/dx sqrt(x)" in str(info.value)
+
+
+@gpu
+def test_a_select_over_a_division_by_zero_has_the_right_gradient():
+    """Seed 000: ti.select(m > 0, v / m, 0) at m = 0. The select sends the division an adjoint of
+    exactly 0, and its derivative terms 1 / m, -v / m^2 are infinite there: the chain rule gives
+    0 * inf = NaN (Taichi's result); wgpu_ad leaves the zero term out. Analytic gradients, with and
+    without the NaN check."""
+    for debug in (True, False):
+        ti.init(debug=debug)
+        v = ti.field(ti.f32, shape=4, needs_grad=True)
+        m = ti.field(ti.f32, shape=4, needs_grad=True)
+        loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+        @ti.kernel
+        def safe_ratio():
+            for i in v:
+                loss[None] += ti.select(m[i] > 0, v[i] / m[i], 0.0)
+
+        vv, mv = f32([1.0, -2.0, 3.0, 0.5]), f32([1.0, 2.0, 0.0, 4.0])
+        v.from_numpy(vv)
+        m.from_numpy(mv)
+        with ti.ad.Tape(loss):
+            safe_ratio()
+        on = mv > 0
+        np.testing.assert_allclose(v.grad.to_numpy(), np.where(on, 1 / np.where(on, mv, 1), 0.0), rtol=1e-6)
+        np.testing.assert_allclose(m.grad.to_numpy(), np.where(on, -vv / np.where(on, mv, 1) ** 2, 0.0), rtol=1e-6)

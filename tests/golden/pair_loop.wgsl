@@ -105,6 +105,7 @@ fn main(@builtin(workgroup_id) wg_id: vec3<u32>, @builtin(num_workgroups) n_wg: 
     let num_threads = n_wg.x * n_wg.y * n_wg.z * 128u;
     // bounds
     let v0 = energy_grad[0i];
+    let v1 = v0 != 0.0f;
     let range_begin = 0i;
     let range_end = 8i;
     let range_count = select(0u, u32(range_end - range_begin), range_end > range_begin);
@@ -112,8 +113,8 @@ fn main(@builtin(workgroup_id) wg_id: vec3<u32>, @builtin(num_workgroups) n_wg: 
     for (var iter = thread_id; iter < range_count; iter += min(num_threads, range_count - iter)) {
         let i = range_begin + i32(iter);
         // replay
-        let v1 = i * 2i;
-        let v2 = v1 + 1i;
+        let v2 = i * 2i;
+        let v3 = v2 + 1i;
         let pos_v = pos[i];
         let pos_x = pos_v.x;
         let pos_y = pos_v.y;
@@ -123,46 +124,47 @@ fn main(@builtin(workgroup_id) wg_id: vec3<u32>, @builtin(num_workgroups) n_wg: 
         for (var j_rev: i32 = 0i; j_rev < 8i; j_rev += 1i) {
             // replay
             let j = 7i - j_rev;
-            let v3 = j * 2i;
-            let v4 = v3 + 1i;
+            let v4 = j * 2i;
+            let v5 = v4 + 1i;
             let pos_v_1 = pos[j];
             let pos_x_1 = pos_v_1.x;
             let pos_y_1 = pos_v_1.y;
             let r_x = pos_x - pos_x_1;
             let r_y = pos_y - pos_y_1;
-            let v5 = r_x * r_x;
-            let v6 = r_y * r_y;
-            let v7 = v5 + v6;
-            let v8 = v7 + 0.001f;
-            let v9 = sqrt(v8);
-            let v10 = (-1.0f) / v9;
+            let v6 = r_x * r_x;
+            let v7 = r_y * r_y;
+            let v8 = v6 + v7;
+            let v9 = v8 + 0.001f;
+            let v10 = sqrt(v9);
+            let v11 = (-1.0f) / v10;
             // reverse
-            let v11 = 1.0f / v9;
-            let v12 = v0 * v10;
-            let v13 = v12 * v11;
-            let v14 = -v13;
-            let v15 = v14 * 0.5f;
-            let v16 = v15 * v11;
-            let v17 = v14 != 0.0f;
-            let v18 = select(0.0f, v16, v17);
-            let r_y_adj = v18 * r_y;
+            let v12 = 1.0f / v10;
+            let v13 = v0 * v11;
+            let v14 = v13 * v12;
+            let v15 = -v14;
+            let v16 = select(0.0f, v15, v1);
+            let v17 = v16 * 0.5f;
+            let v18 = v17 * v12;
+            let v19 = v16 != 0.0f;
+            let v20 = select(0.0f, v18, v19);
+            let r_y_adj = v20 * r_y;
             let r_y_adj_1 = r_y_adj + r_y_adj;
-            let r_x_adj = v18 * r_x;
+            let r_x_adj = v20 * r_x;
             let r_x_adj_1 = r_x_adj + r_x_adj;
             let pos_y_adj_1 = -r_y_adj_1;
             let pos_y_adj_2 = pos_y_adj;
-            let v19 = pos_y_adj_2 + r_y_adj_1;
-            pos_y_adj = v19;
+            let v21 = pos_y_adj_2 + r_y_adj_1;
+            pos_y_adj = v21;
             let pos_x_adj_1 = -r_x_adj_1;
             let pos_x_adj_2 = pos_x_adj;
-            let v20 = pos_x_adj_2 + r_x_adj_1;
-            pos_x_adj = v20;
-            atomic_add_pos_grad(v4, pos_y_adj_1);
-            atomic_add_pos_grad(v3, pos_x_adj_1);
+            let v22 = pos_x_adj_2 + r_x_adj_1;
+            pos_x_adj = v22;
+            atomic_add_pos_grad(v5, pos_y_adj_1);
+            atomic_add_pos_grad(v4, pos_x_adj_1);
         }
         let pos_y_adj_3 = pos_y_adj;
-        atomic_add_pos_grad(v2, pos_y_adj_3);
+        atomic_add_pos_grad(v3, pos_y_adj_3);
         let pos_x_adj_3 = pos_x_adj;
-        atomic_add_pos_grad(v1, pos_x_adj_3);
+        atomic_add_pos_grad(v2, pos_x_adj_3);
     }
 }

@@ -97,8 +97,11 @@ def _strong_zero(d, g, v):
 
 
 def _div(d, x, y, r, g):
+    """x / y: 1 / y and -x / y^2, both infinite at y = 0. A zero adjoint contributes zero there
+    (_strong_zero): ti.select(m > 0, v / m, 0.0) at m = 0 sends 0 to the division, and its
+    gradient is then 0, not 0 * inf = NaN (seed 000)."""
     inv = d.div(d.one, y)  # one reciprocal per divisor (see SQRT)
-    return [d.mul(g, inv), d.neg(d.mul(d.mul(g, r), inv))]
+    return [_strong_zero(d, g, d.mul(g, inv)), _strong_zero(d, g, d.neg(d.mul(d.mul(g, r), inv)))]
 
 
 RULES = {
