@@ -313,15 +313,21 @@ class Kernel:
         """Inside ti.ad.FwdMode: the dual kernel (primal values and tangents) instead."""
         lc = self._get(args)[0]
         d, _specs, rt = self._get_dual(args)
-        ad = _ad_state or _ad()
-        ad.current_fwd.note_launch(self.__name__, [get(args) for get in lc.loads], [get(args) for get in lc.writes])
+        self._before_dual(lc, args)
         if lc.ck.ret_dtype is not None and _storage.host_guard is not None:
             _storage.host_guard(self, f"the return value of kernel '{self.__name__}'")
         ret = launch(d, args + self._keep.scratch(lc, False), rt)
-        if lc.plan.shadowed:  # the dual kernel checks nothing: kernel.grad() must not trust an older check
-            self._set_checked(self._run_key(lc, args), False, in_fwd_mode=True)
         self._note_versions(lc, args)
         return ret
+
+    def _before_dual(self, lc, args, external: bool = False) -> None:
+        """A launch of the dual kernel of forward Launcher lc inside ti.ad.FwdMode: the FwdMode
+        checks where tangents stop (fwd.py note_launch); and as the dual kernel checks nothing,
+        kernel.grad() must not trust the check of an older launch with these arguments."""
+        (_ad_state or _ad()).current_fwd.note_launch(self.__name__, [get(args) for get in lc.loads],
+                                                     [get(args) for get in lc.writes])
+        if lc.plan.shadowed:
+            self._set_checked(self._run_key(lc, args, external), False, in_fwd_mode=True)
 
     # ---- run-time access checks (passes/autodiff/shadow.py) -------------------------------------
     def _may_want_grad(self, lc, args, tape, ad) -> bool:
@@ -474,7 +480,7 @@ class Kernel:
         lc = fwd
         if ad.current_fwd is not None and not self._no_grad and not ad.in_no_grad:
             lc = self._get_dual(dev)[0]  # host arrays have no duals; fields may
-            ad.current_fwd.note_launch(self.__name__, [get(dev) for get in fwd.loads], [get(dev) for get in fwd.writes])
+            self._before_dual(fwd, dev, external=True)
         if lc.snapshots and ad.keep_copies and not self._no_grad:  # no_grad: no adjoint reads them
             self._keep.keep_snapshots(lc, dev, taped)
         if lc.plan.shadowed and lc is fwd:
@@ -482,8 +488,6 @@ class Kernel:
             ret = self._launch(lc, run, dev, self._keep.scratch(lc, taped), rt, self._run_key(lc, dev, external=True))
         else:
             ret = launch(lc, dev + self._keep.scratch(fwd, taped), rt)
-            if fwd.plan.shadowed:  # the dual kernel inside ti.ad.FwdMode: it checked nothing
-                self._set_checked(self._run_key(fwd, dev, external=True), False, in_fwd_mode=True)
         Externals.to_host(bound, lc.ck, grads=False)
         return ret
 
