@@ -56,9 +56,6 @@ def fresh_runtime():
     """Each test starts like a new program: no device, no fields, no compiled kernels (ti.reset)."""
     import wgpu_ad
 
-    reset = getattr(wgpu_ad, "reset", None)
-    if reset is None:  # the package API is not there yet: reset the runtime layer alone
-        from wgpu_ad.runtime import reset
-    reset()
+    wgpu_ad.reset()
     yield
-    reset()
+    wgpu_ad.reset()

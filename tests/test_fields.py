@@ -8,7 +8,6 @@ import wgpu_ad as ti
 from wgpu_ad.errors import WgpuAdError
 from wgpu_ad.lang import field as F
 from wgpu_ad.lang import ndarray as N
-from wgpu_ad.runtime import device as D
 from wgpu_ad.types import MatrixType, VectorType, f16, f32, i32, u1, u32
 
 pytestmark = pytest.mark.gpu
@@ -25,7 +24,7 @@ def random_values(shape, dtype) -> np.ndarray:
 
 def raw(storage) -> np.ndarray:
     """The buffer's bytes as the storage's dtype (checks the memory layout)."""
-    rt = D.get_runtime()
+    rt = ti.get_runtime()
     return np.frombuffer(rt.read(storage.gpu_buffer(), storage.nbytes), dtype=storage.dtype.np)
 
 
@@ -194,7 +193,7 @@ def test_dtypes_refused_or_checked():
 
 def test_f16_field_roundtrip_or_clear_error():
     h = ti.field(f16, shape=5, name="h")
-    if not D.get_runtime().has_f16:
+    if not ti.get_runtime().has_f16:
         with pytest.raises(WgpuAdError, match="lacks the 'shader-f16' feature"):
             h.gpu_buffer()
         return
@@ -207,7 +206,7 @@ def test_f16_field_roundtrip_or_clear_error():
 
 
 def test_too_large_field_names_size_and_limit(monkeypatch):
-    rt = D.get_runtime()
+    rt = ti.get_runtime()
     monkeypatch.setitem(rt.limits, "max-storage-buffer-binding-size", 1024)
     ok = ti.field(ti.f32, shape=256, name="ok")
     ok.gpu_buffer()

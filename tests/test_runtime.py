@@ -14,6 +14,8 @@ import pytest
 from wgpu_ad.errors import GpuError, KernelRuntimeError, WgpuAdError
 from wgpu_ad.runtime import BindingSpec, CompiledKernel, CompiledTask
 from wgpu_ad.runtime import adapter as A
+import wgpu_ad as ti
+from wgpu_ad import session as S
 from wgpu_ad.runtime import device as D
 from wgpu_ad.types import f32, i32, u32
 
@@ -98,7 +100,7 @@ def test_missing_backend_lists_adapters(fake_adapters):
 def test_no_adapter_says_what_to_install(fake_adapters):
     fake_adapters()
     with pytest.raises(GpuError) as e:
-        D.init()
+        ti.init()
     msg = str(e.value)
     assert "apt-get install mesa-vulkan-drivers libvulkan1" in msg
     assert "macOS: Metal is built in" in msg
@@ -116,11 +118,11 @@ def test_bad_arch_is_an_error(monkeypatch):
     monkeypatch.delenv(A.ARCH_ENV_VAR, raising=False)
     with pytest.raises(GpuError, match=r"unknown arch 'tpu': wgpu_ad supports ti.vulkan, .* ti.gpu \(best "
                                        r"hardware adapter; ti.cuda and ti.amdgpu mean the same\)"):
-        D.init(arch="tpu")
+        ti.init(arch="tpu")
     assert A.normalize_arch("cuda") == A.normalize_arch("amdgpu") == A.gpu  # Taichi programs' GPU archs
     monkeypatch.setenv(A.ARCH_ENV_VAR, "tpu")
     with pytest.raises(GpuError, match="WGPU_AD_ARCH='tpu' is not an arch"):
-        D.init()
+        ti.init()
 
 
 def test_env_var_overrides_arch(fake_adapters, monkeypatch):
@@ -139,7 +141,7 @@ def test_default_fp_other_than_f32_is_refused():
 
 @pytest.mark.gpu
 def test_adapter_info_features_limits():
-    rt = D.init()
+    rt = ti.init()
     info = rt.adapter_info
     assert info["backend_type"] in ("Vulkan", "Metal", "D3D12", "OpenGL")
     assert set(info["features"]) == set(A.WANTED_FEATURES)
@@ -148,7 +150,7 @@ def test_adapter_info_features_limits():
     assert rt.limits["max-storage-buffer-binding-size"] == rt.adapter.limits["max-storage-buffer-binding-size"]
     assert rt.max_workgroups == rt.limits["max-compute-workgroups-per-dimension"]
     assert rt.has_float_atomics == ("shader-float32-atomic" in rt.features)
-    assert D.init(force_emulated_atomics=True).has_float_atomics is False
+    assert ti.init(force_emulated_atomics=True).has_float_atomics is False
 
 
 @pytest.mark.gpu
@@ -159,25 +161,25 @@ def test_main_prints_adapter(capsys):
     assert "backend:" in out and "shader-float32-atomic" in out and "max-storage-buffer-binding-size" in out
     import os
     assert f"offline cache: {os.environ['WGPU_AD_CACHE_DIR']}" in out  # the suite's own folder (conftest)
-    cpu = D.init().adapter.info.get("adapter_type", "").upper() == "CPU"
+    cpu = ti.init().adapter.info.get("adapter_type", "").upper() == "CPU"
     assert ("parallel loops: multi-dimensional ones keep" in out) == cpu
 
 
 @pytest.mark.gpu
 def test_init_twice_resets_and_get_runtime_is_lazy():
-    assert D._runtime is None  # the conftest reset
-    rt0 = D.get_runtime()
-    assert D.get_runtime() is rt0
-    rt1 = D.init(debug=True)
-    assert rt1 is not rt0 and D.get_runtime() is rt1 and rt1.debug
-    gen = D.generation()
-    D.reset()
-    assert D.generation() == gen + 1 and D._runtime is None
+    assert S._state["session"] is None  # the conftest reset
+    rt0 = ti.get_runtime()
+    assert ti.get_runtime() is rt0
+    rt1 = ti.init(debug=True)
+    assert rt1 is not rt0 and ti.get_runtime() is rt1 and rt1.debug
+    gen = S.generation()
+    ti.reset()
+    assert S.generation() == gen + 1 and S._state["session"] is None
 
 
 @pytest.mark.gpu
 def test_broken_wgsl_names_kernel_and_line():
-    rt = D.init()
+    rt = ti.init()
     wgsl = "@compute @workgroup_size(1)\nfn main() {\n    let x: i32 = 1.5;\n}\n"
     ck = CompiledKernel("broken", [CompiledTask("broken_t0", wgsl, "main", 1, [], True)], 0, [])
     with pytest.raises(GpuError) as e:
@@ -189,7 +191,7 @@ def test_broken_wgsl_names_kernel_and_line():
 
 @pytest.mark.gpu
 def test_bad_entry_point_and_too_small_buffer_are_gpu_errors():
-    rt = D.init()
+    rt = ti.init()
     ck = CompiledKernel("nope", [CompiledTask("t", "@compute @workgroup_size(1) fn main() {}", "missing", 1, [], True)], 0, [])
     with pytest.raises(GpuError, match="kernel 'nope' .*compute pipeline"):
         rt.launch(ck, 0, [], b"", 1)
@@ -207,7 +209,7 @@ def test_bad_entry_point_and_too_small_buffer_are_gpu_errors():
 
 @pytest.mark.gpu
 def test_write_launch_write_launch_read_order():
-    rt = D.init()
+    rt = ti.init()
     ck = add_kernel()
     n = 200
     buf = rt.create_storage(4 * n, "a")
@@ -235,7 +237,7 @@ def test_write_launch_write_launch_read_order():
 @pytest.mark.gpu
 @pytest.mark.parametrize("max_pending, capacity", [(512, None), (7, None), (512, 5 * 32)])
 def test_each_launch_sees_its_own_args(monkeypatch, max_pending, capacity):
-    rt = D.init()
+    rt = ti.init()
     rt.max_pending = max_pending
     if capacity is not None:  # force flushes when the uniform batch is full
         monkeypatch.setattr(D, "_UNIFORM_CAPACITY", capacity)
@@ -249,7 +251,7 @@ def test_each_launch_sees_its_own_args(monkeypatch, max_pending, capacity):
 
 @pytest.mark.gpu
 def test_many_accumulating_launches_exact():
-    rt = D.init()
+    rt = ti.init()
     ck = add_kernel()
     buf = rt.create_storage(4 * 100, "a")
     for k in range(1200):  # spans several automatic flushes
@@ -259,7 +261,7 @@ def test_many_accumulating_launches_exact():
 
 @pytest.mark.gpu
 def test_serial_task_runs_one_workgroup_and_zero_workgroups_run_nothing():
-    rt = D.init()
+    rt = ti.init()
     wgsl = "@group(0) @binding(0) var<storage, read_write> a: array<atomic<u32>>;\n" \
            "@compute @workgroup_size(8) fn main() { atomicAdd(&a[0], 1u); }"
     mk = lambda serial: CompiledKernel("count", [CompiledTask("t", wgsl, "main", 8, [BindingSpec(0, "buffer", 0)], serial)], 0, ["a"])
@@ -275,7 +277,7 @@ def test_serial_task_runs_one_workgroup_and_zero_workgroups_run_nothing():
 
 @pytest.mark.gpu
 def test_unaligned_write_and_read():
-    rt = D.init()
+    rt = ti.init()
     buf = rt.create_storage(16, "h")
     rt.write(buf, bytes(range(1, 17)))
     rt.write(buf, b"\xaa\xbb\xcc", offset=5)
@@ -290,7 +292,7 @@ def test_writes_between_launches_keep_their_order(nbytes):
     """Small writes after recorded launches are staged in the batch (uploaded before its submit,
     copied in order); larger ones submit the batch first. Either way each launch sees the
     writes before it and not those after it, in one batch too, past the staging capacity."""
-    rt = D.init()
+    rt = ti.init()
     wgsl = "@group(0) @binding(0) var<storage, read_write> a: array<u32>;\n" \
            "@compute @workgroup_size(1) fn main() { a[0] = a[0] * 3u + a[1]; a[1] = a[1] + 1u; }"
     ck = CompiledKernel("mix", [CompiledTask("t", wgsl, "main", 1, [BindingSpec(0, "buffer", 0)], True)], 0, ["a"])
@@ -324,7 +326,7 @@ def test_writes_between_launches_keep_their_order(nbytes):
 
 @pytest.mark.gpu
 def test_return_value_buffer():
-    rt = D.init()
+    rt = ti.init()
     wgsl = "@group(0) @binding(0) var<storage, read_write> ret: array<u32>;\n" \
            "@compute @workgroup_size(1) fn main() { ret[0] = bitcast<u32>(-2.75f); }"
     ck = CompiledKernel("r", [CompiledTask("t", wgsl, "main", 1, [BindingSpec(0, "ret")], True)], 0, [], ret_dtype=f32)
@@ -352,7 +354,7 @@ fn main(@builtin(local_invocation_index) t: u32) {
 
 @pytest.mark.gpu
 def test_debug_error_buffer_formats_assert():
-    rt = D.init(debug=True)
+    rt = ti.init(debug=True)
     task = CompiledTask("t", ERR_WGSL, "main", 4, [BindingSpec(0, "args"), BindingSpec(1, "error")], False)
     ck = CompiledKernel("checked", [task], 1, [],
                         asserts=[("never", []), ("index {} out of range at x={} (n={})", [i32, f32, u32])])
@@ -369,7 +371,7 @@ def test_debug_error_buffer_formats_assert():
 
 @pytest.mark.gpu
 def test_device_loss_becomes_gpu_error():
-    rt = D.init()
+    rt = ti.init()
     logging.getLogger("wgpu").error("The WGPU device was lost (Unknown):\nsimulated")
     with pytest.raises(GpuError, match="device was lost"):
         rt.read(rt.ret_buffer, 4)
@@ -377,7 +379,7 @@ def test_device_loss_becomes_gpu_error():
 
 @pytest.mark.gpu
 def test_bind_groups_and_pipelines_are_cached():
-    rt = D.init()
+    rt = ti.init()
     ck = add_kernel()
     a, b = rt.create_storage(64, "a"), rt.create_storage(64, "b")
     for buf in (a, b, a, b):

@@ -10,7 +10,7 @@ import wgpu
 
 from wgpu_ad import shaders
 from wgpu_ad.errors import GpuError
-from wgpu_ad.runtime import device as _rt
+from wgpu_ad import session as _rt
 
 from .font import font_table
 
@@ -56,7 +56,7 @@ class Shared:
     """Device-wide viewer resources: layouts, modules, pipelines, the font, a dummy buffer."""
 
     def __init__(self):
-        rt = _rt.get_runtime()
+        rt = _rt.runtime()
         self.device = dev = rt.device
         self.layout = dev.create_bind_group_layout(entries=_layout_entries(False))
         self.compute_layout = dev.create_bind_group_layout(entries=_layout_entries(True))
@@ -140,7 +140,7 @@ def _drop() -> None:
     _shared = None
 
 
-_rt.on_reset(_drop)
+_rt.on_close(_drop)
 
 
 def shared() -> Shared:

@@ -15,7 +15,7 @@ import numpy as np
 import wgpu
 
 from wgpu_ad.errors import GpuError, WgpuAdError
-from wgpu_ad.runtime import device as _rt
+from wgpu_ad import session as _rt
 
 from . import pipelines as _pl
 from .sources import ARENA, K_CONST, K_PALETTE, Src, Uploads
@@ -116,7 +116,7 @@ class Renderer:
     """The offscreen target of one GUI / window, on the runtime's device."""
 
     def __init__(self, size: tuple[int, int]):
-        self.rt = _rt.get_runtime()
+        self.rt = _rt.runtime()
         self.generation = _rt.generation()
         self.device = self.rt.device
         self.shared = _pl.shared()

@@ -4,7 +4,7 @@
 """
 from . import ad
 from .ad import Tape, clear_all_gradients, grad_for, grad_replaced, no_grad
-from .compiler import CompileOptions, current_options as compile_options, set_options as set_compile_options
+from .compiler import CompileOptions
 from .errors import (AutodiffUsageError, CompileError, GpuError, KernelArgError, KernelAssertionError,
                      KernelRuntimeError, NotDifferentiableError, UnsupportedError, WgpuAdError)
 
@@ -28,7 +28,9 @@ from .lang.linalg import polar_decompose, svd
 from .lang.matrix import Matrix, Vector
 from .lang.ndarray import Ndarray, ndarray
 from .lang.snode import i, ij, ijk, ijkl, j, k, l, root
-from .runtime import amdgpu, cpu, cuda, dx12, get_runtime, gpu, metal, opengl, sync, vulkan
+from .runtime import amdgpu, cpu, cuda, dx12, gpu, metal, opengl, vulkan
+from .session import compile_options, set_compile_options, sync
+from .session import runtime as get_runtime
 from .types import f16, f32, float16, float32, i32, int32, u32, uint32
 
 
@@ -45,10 +47,7 @@ def init(arch=None, debug: bool = False, **kwargs):
             `offline_cache_file_path=None`, `ad_stack_size=256` (0: let wgpu_ad choose),
             `print_ir=False`, `print_wgsl=False`.
     """
-    from . import runtime
-    from .compiler import options
-    from .lang.kernel import clear_kernel_caches
-    clear_kernel_caches()
+    from . import session
     compile_opts = {"print_ir": bool(kwargs.pop("print_ir", False)),
                     "print_wgsl": bool(kwargs.pop("print_wgsl", False)),
                     "offline_cache": bool(kwargs.pop("offline_cache", True)),
@@ -60,17 +59,19 @@ def init(arch=None, debug: bool = False, **kwargs):
                               f"let wgpu_ad choose")
         if ad_stack_size:
             compile_opts["ad_stack_size"] = ad_stack_size
-    rt = runtime.init(arch=arch, debug=debug, **kwargs)
-    options.set_options(**compile_opts)
-    return rt
+    # the Runtime's own arguments; Taichi-only options (device_memory_GB, kernel_profiler, ...) are ignored
+    runtime_kwargs = {k: kwargs[k] for k in _RUNTIME_ARGS if k in kwargs}
+    s = session.open_session(dict(arch=arch, debug=debug, **runtime_kwargs), compile_opts)
+    return s.runtime
+
+
+_RUNTIME_ARGS = ("force_emulated_atomics", "default_fp", "random_seed", "print_buffer_lines")
 
 
 def reset():
     """Drop the device, all fields and compiled kernels (Taichi's ti.reset)."""
-    from . import runtime
-    from .lang.kernel import clear_kernel_caches
-    clear_kernel_caches()
-    runtime.reset()  # forgets the compile options too (compiler/options.py)
+    from . import session
+    session.close()
 
 
 __version__ = "0.1.0"

@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import WgpuAdError
-from ..runtime.device import get_runtime
-from . import state as ad_state
+from ..session import runtime as get_runtime
+from .. import session
 from .naming import describe
 
 SCHEDULES = ("revolve", "bisect", "sqrt", "store_all")
@@ -87,12 +87,12 @@ def checkpoint(step: Callable[[int], None], steps: int, state: list, snapshots: 
     if not fields or not all(hasattr(f, "gpu_buffer") and hasattr(f, "copy_from") for f in fields):
         raise WgpuAdError("ti.ad.checkpoint: state must be a list of the fields (or ndarrays) a step reads and "
                           "overwrites, e.g. state=[x, v]")
-    tape = ad_state.current_tape
+    tape = session.ad().tape
     if isinstance(tape, _Recorder):
         raise WgpuAdError("ti.ad.checkpoint cannot be nested: a step of a checkpointed run calls "
                           "ti.ad.checkpoint again; checkpoint the outer loop only")
     run = _Run(step, steps, fields, snapshots, schedule)
-    recording = tape is not None and tape.recording and not ad_state.in_backward
+    recording = tape is not None and tape.recording and not session.ad().in_backward
     if not recording:  # no gradient will be asked for: just the steps
         for t in range(steps):
             step(t)
@@ -181,7 +181,7 @@ class _Recorder:
             self._custom = None
 
     def host(self, obj, what: str, index=None) -> None:
-        """storage.host_guard: a Python-scope access inside the step: of a storage (`what`: the
+        """The session's host guard: a Python-scope access inside the step: of a storage (`what`: the
         method), or a kernel's return value or host arrays (`what` says which)."""
         is_storage = hasattr(obj, "gpu_buffer")
         if not (is_storage and (what.startswith(("fill", "from_numpy", "copy_from")) or "] = " in what)):
@@ -350,20 +350,18 @@ class _Run:
     def _running(self, rec: _Recorder | None, copies: bool):
         """Steps run inside: launches told to `rec` (None: to nobody), kernels updating fields in
         place keep copies for their adjoints only when `copies`."""
-        from ..lang import storage
         self._at = None
-        prev = (ad_state.current_tape, ad_state.in_backward, ad_state.keep_copies)
+        ctx = session.ad()
+        prev = (ctx.tape, ctx.in_backward, ctx.keep_copies, ctx.host_guard)
         if rec is None:
-            ad_state.in_backward = True
+            ctx.in_backward = True
         else:
-            ad_state.current_tape, ad_state.in_backward = rec, False
-        guard = storage.set_host_guard(rec.host if rec is not None else storage.host_guard)
-        ad_state.keep_copies = copies
+            ctx.tape, ctx.in_backward, ctx.host_guard = rec, False, rec.host
+        ctx.keep_copies = copies
         try:
             yield
         finally:
-            ad_state.current_tape, ad_state.in_backward, ad_state.keep_copies = prev
-            storage.set_host_guard(guard)
+            ctx.tape, ctx.in_backward, ctx.keep_copies, ctx.host_guard = prev
 
     def _seek(self, t: int) -> None:
         if self.seeds is not None:
@@ -510,8 +508,9 @@ class _Run:
         self.stats.recomputed_steps += 1
         held = sum(f.nbytes for e in rec.entries for f, _ in e.undo)
         self.stats.step_bytes = max(self.stats.step_bytes, held)
-        prev = ad_state.in_backward
-        ad_state.in_backward = True
+        ctx = session.ad()
+        prev = ctx.in_backward
+        ctx.in_backward = True
         try:
             for e in reversed(rec.entries):
                 for f, c in reversed(e.undo):
@@ -526,4 +525,4 @@ class _Run:
                     else:
                         e.fn.grad[index] = 0
         finally:
-            ad_state.in_backward = prev
+            ctx.in_backward = prev

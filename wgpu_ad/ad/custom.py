@@ -13,7 +13,7 @@ import functools
 from typing import Any, Callable
 
 from ..errors import AutodiffUsageError, WgpuAdError
-from . import state
+from .. import session
 
 
 def _is_kernel(obj) -> bool:
@@ -32,14 +32,14 @@ class GradReplaced:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
-        tape = state.current_tape
-        if self.no_grad and state.current_fwd is not None:
-            state.in_no_grad += 1  # no tangent either: its kernels run plain (Taichi's behaviour)
+        tape = session.ad().tape
+        if self.no_grad and session.ad().fwd is not None:
+            session.ad().no_grad_depth += 1  # no tangent either: its kernels run plain (Taichi's behaviour)
             try:
                 return self.fn(*args, **kwargs)
             finally:
-                state.in_no_grad -= 1
-        if tape is None or state.in_backward:
+                session.ad().no_grad_depth -= 1
+        if tape is None or session.ad().in_backward:
             return self.fn(*args, **kwargs)
         with tape.custom_call(self, args, kwargs):
             return self.fn(*args, **kwargs)
@@ -52,12 +52,12 @@ class GradReplaced:
             raise WgpuAdError(
                 f"'{self.__name__}' is decorated with @ti.ad.grad_replaced but has no gradient function: "
                 f"define one with @ti.ad.grad_for({self.__name__})")
-        prev = state.in_backward
-        state.in_backward = True  # kernels it launches (recomputation, .grad) are not recorded
+        prev = session.ad().in_backward
+        session.ad().in_backward = True  # kernels it launches (recomputation, .grad) are not recorded
         try:
             self.grad_fn(*args, **kwargs)
         finally:
-            state.in_backward = prev
+            session.ad().in_backward = prev
         return None
 
     def __get__(self, obj, objtype=None):

@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 from ..errors import WgpuAdError
-from . import state
+from .. import session
 from .naming import describe, quoted
 
 
@@ -113,10 +113,10 @@ class FwdMode:
     def __enter__(self) -> "FwdMode":
         if self.entered:
             raise WgpuAdError("this ti.ad.FwdMode was already used; create a new FwdMode for each `with` block")
-        if state.current_fwd is not None:
-            raise WgpuAdError(f"ti.ad.FwdMode: another FwdMode is active (entered at {state.current_fwd._where}); "
+        if session.ad().fwd is not None:
+            raise WgpuAdError(f"ti.ad.FwdMode: another FwdMode is active (entered at {session.ad().fwd._where}); "
                               f"they cannot be nested: seed one parameter per `with` block")
-        tape = state.current_tape
+        tape = session.ad().tape
         if tape is not None:
             raise WgpuAdError(
                 f"ti.ad.FwdMode cannot be used inside ti.ad.Tape (entered at {tape._where}): kernels inside "
@@ -129,12 +129,12 @@ class FwdMode:
         if self.clear_gradients:
             clear_all_duals()
         self.param.dual.from_numpy(seed)
-        state.current_fwd = self
+        session.ad().fwd = self
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if state.current_fwd is self:
-            state.current_fwd = None
+        if session.ad().fwd is self:
+            session.ad().fwd = None
         self.param.dual.fill(0)  # the seed is cleared (Taichi's behaviour)
         return False
 

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import WgpuAdError
-from ..runtime.device import get_runtime
+from ..session import runtime as get_runtime
 from .naming import name_of
 
 EPS_F32 = float(np.finfo(np.float32).eps)

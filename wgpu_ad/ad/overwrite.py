@@ -14,14 +14,8 @@ Tape(validation=True) replaces this check with an exact one on the values.
 from __future__ import annotations
 
 from ..errors import WgpuAdError
+from ..lang.launch import overlap
 from .naming import describe
-
-
-def overlap(a: tuple, b: tuple) -> bool:
-    """Two footprint indices (kernel.footprint) may name a common element."""
-    if len(a) != len(b):
-        return True
-    return all(x is None or y is None or x == y for x, y in zip(a, b))
 
 
 class _Bucketed:

@@ -5,7 +5,7 @@
         compute_loss()
     # on exit: L.grad = 1, then compute_loss.grad(), compute_y.grad(): x.grad holds dL/dx
 
-The kernel launcher tells the tape about every forward launch (state.on_launch); the tape only
+The kernel launcher tells the session's open tape about every forward launch (Tape.record); the tape only
 orders launches and calls `kernel.grad(*args)` (the generated adjoint) or a grad_replaced
 function's gradient in reverse. The last launch of a tape with a loss is deferred (Tape.defer,
 Runtime.defer) until anything else reaches the device; when nothing did by the end of the block, it
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field as dc_field
 from typing import Any, Callable
 
 from ..errors import AutodiffUsageError, WgpuAdError
-from . import state
+from .. import session
 from .naming import describe, quoted
 
 
@@ -160,12 +160,12 @@ class Tape:
     def __enter__(self) -> "Tape":
         if self.entered:
             raise WgpuAdError("this ti.ad.Tape was already used; create a new Tape for each `with` block")
-        other = state.current_tape
+        other = session.ad().tape
         if other is not None:
             raise WgpuAdError(f"ti.ad.Tape: another tape is already recording (entered at {other._where}); "
                               f"tapes cannot be nested. Record everything in one tape, or finish the first "
                               f"`with` block before starting the next")
-        fwd = state.current_fwd
+        fwd = session.ad().fwd
         if fwd is not None:
             raise WgpuAdError(f"ti.ad.Tape cannot be used inside ti.ad.FwdMode (entered at {fwd._where}): kernels "
                               f"there run their dual kernels, which the tape cannot differentiate. Finish the "
@@ -189,9 +189,9 @@ class Tape:
         if self.validation:
             from .validate import Validator
             self._validator = Validator()
-        self._saved_in_backward = state.in_backward
-        state.in_backward = False
-        state.current_tape = self
+        self._saved_in_backward = session.ad().in_backward
+        session.ad().in_backward = False
+        session.ad().tape = self
         self.recording = True
         return self
 
@@ -204,9 +204,9 @@ class Tape:
         return False
 
     def _stop(self) -> None:
-        if state.current_tape is self:
-            state.current_tape = None
-            state.in_backward = self._saved_in_backward
+        if session.ad().tape is self:
+            session.ad().tape = None
+            session.ad().in_backward = self._saved_in_backward
         self.recording = False
         if self._validator is not None:
             self._validator.finish()
@@ -226,11 +226,11 @@ class Tape:
             raise AutodiffUsageError(f"{what} has no gradient: create it with needs_grad=True (or call "
                               f"ti.root.lazy_grad()) before the tape")
 
-    # ---- recording (called by the launcher through state.on_launch) ----------------------------
+    # ---- recording (called by the launcher: session.ad().tape.record) ----------------------------
 
     def record(self, kernel, args: tuple) -> None:
         """A forward launch of `kernel` with `args` is about to run inside the with block."""
-        if not self.recording or state.in_backward:
+        if not self.recording or session.ad().in_backward:
             return
         args = tuple(args)
         if self._custom is not None:
@@ -267,9 +267,8 @@ class Tape:
         up as the tape's last one and run fused with its adjoint. The runtime launches it as usual
         before anything else reaches the device (Runtime.defer), so nothing can observe the
         difference; only launches of plain kernels of a tape with a loss and no checks qualify."""
-        from ..compiler.options import current
-        if (self.loss is None or not self.recording or state.in_backward or self._custom is not None
-                or self._snapshot is not None or self._validator is not None or not current().fuse_adjoint
+        if (self.loss is None or not self.recording or session.ad().in_backward or self._custom is not None
+                or self._snapshot is not None or self._validator is not None or not session.compile_options().fuse_adjoint
                 or not self.entries or self.entries[-1].fn is not kernel or self.entries[-1].kind != "kernel"
                 or not launcher.may_fuse):
             return False
@@ -354,8 +353,8 @@ class Tape:
         # else the backward pass launches it, fused with its adjoint if it can
         if self.loss is not None:
             self.loss.grad.fill(1)
-        prev = state.in_backward, state.check_nan
-        state.in_backward, state.check_nan = True, self.check_nan or prev[1]
+        prev = session.ad().in_backward, session.ad().check_nan
+        session.ad().in_backward, session.ad().check_nan = True, self.check_nan or prev[1]
         try:
             for e in reversed(self.entries):
                 if held is not None and e is held.entry:
@@ -366,7 +365,7 @@ class Tape:
                     continue
                 e.backward()
         finally:
-            state.in_backward, state.check_nan = prev
+            session.ad().in_backward, session.ad().check_nan = prev
             for fn in self._after_backward:
                 fn()
         if self.grad_check:
@@ -378,23 +377,23 @@ class Tape:
         ask one forward pass for several backward passes). The caller seeds and zeroes gradients."""
         if not self.gradient_evaluated:
             raise WgpuAdError("tape.grad_again(): call tape.grad() first")
-        prev = state.in_backward, state.check_nan
-        state.in_backward, state.check_nan = True, self.check_nan or prev[1]
+        prev = session.ad().in_backward, session.ad().check_nan
+        session.ad().in_backward, session.ad().check_nan = True, self.check_nan or prev[1]
         try:
             for e in reversed(self.entries):
                 e.backward()
         finally:
-            state.in_backward, state.check_nan = prev
+            session.ad().in_backward, session.ad().check_nan = prev
 
     def replay(self) -> None:
         """Run the recorded entries forward again, in order (not recorded anywhere)."""
-        prev = state.in_backward
-        state.in_backward = True
+        prev = session.ad().in_backward
+        session.ad().in_backward = True
         try:
             for e in self.entries:
                 e.forward()
         finally:
-            state.in_backward = prev
+            session.ad().in_backward = prev
 
 
 def _float(s) -> bool:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import WgpuAdError
-from ..runtime.device import get_runtime
-from . import state
+from ..session import runtime as get_runtime
+from .. import session
 from .naming import describe, name_of
 
 
@@ -148,14 +148,14 @@ class Validator:
             b = k.before[id(s)]
             start[id(s)] = np.where(wrote[id(s)], b, final[id(s)]) if id(s) in read_ids else b
             s.from_numpy(start[id(s)])
-        prev = state.in_backward
-        state.in_backward = True  # not recorded anywhere
+        prev = session.ad().in_backward
+        session.ad().in_backward = True  # not recorded anywhere
         try:
             with get_runtime().mute_prints():  # a check, not the program: no lines printed twice
                 k.entry.forward()
             again = _copy(k.writes)
         finally:
-            state.in_backward = prev
+            session.ad().in_backward = prev
             for s in k.touched:
                 s.from_numpy(now[id(s)])
         for s in k.writes:

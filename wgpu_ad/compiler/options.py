@@ -3,7 +3,8 @@
 The options are part of every cache key (a kernel's in-memory specialisations and the offline
 cache), so changing one recompiles instead of running code made for other settings. Defaults come
 from the device (Runtime facts: float atomics, subgroups, a CPU adapter) and from ti.init's
-arguments; set_options() changes them for the kernels compiled from then on.
+arguments; the session (session.py) holds them, and ti.set_compile_options() changes them for
+the kernels compiled from then on.
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import os
 from dataclasses import dataclass
 
 from ..errors import WgpuAdError
-from ..runtime.device import on_reset
 
 DEFAULT_STACK_SIZE = 256  # loops bounded by constants or arguments are sized exactly or per launch
 # workgroups of a pre-reduced task on a GPU (WebGPU does not tell the number of multiprocessors):
@@ -88,26 +88,8 @@ def for_device(rt, **user) -> CompileOptions:
     return dataclasses.replace(base, **user)
 
 
-_user: dict = {}      # set by ti.init and set_options; cleared by ti.reset
-_current: list = []   # the options for the current runtime, made on first use
-
-
-def current() -> CompileOptions:
-    """The options kernels compile with now."""
-    if _current:
-        return _current[0]
-    from ..runtime.device import get_runtime
-    rt = get_runtime()
-    if _current:  # get_runtime() made a new runtime, whose reset hook ran
-        return _current[0]
-    opts = for_device(rt, **_user)
-    _current.append(opts)
-    return opts
-
-
-def set_options(**changes) -> CompileOptions:
-    """Change compile options for the kernels compiled from now on (each kernel recompiles for
-    the new options on its next call); returns the new options. Names: CompileOptions' fields."""
+def check_changes(changes: dict) -> None:
+    """Refuse unknown options and bad values, naming them (ti.set_compile_options)."""
     fields = {f.name for f in dataclasses.fields(CompileOptions)}
     for name, value in changes.items():
         if name not in fields:
@@ -122,15 +104,3 @@ def set_options(**changes) -> CompileOptions:
             raise WgpuAdError(f"{knob}={cap!r}: expected a positive integer")
     if changes.get("stencil_gather") not in (None, True, False):
         raise WgpuAdError(f"stencil_gather={changes['stencil_gather']!r}: expected True, False or None (automatic)")
-    _user.update(changes)
-    _current.clear()
-    return current()
-
-
-def reset() -> None:
-    """Forget the user's settings and the device's defaults (on every runtime reset)."""
-    _user.clear()
-    _current.clear()
-
-
-on_reset(reset)

@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import plan
 from ..errors import KernelArgError
-from ..runtime.device import generation as _generation
+from ..session import generation as _generation
 from ..types import MatrixType, VectorType, f32, i32, u32
 
 _DTYPES = {np.dtype(np.float32): f32, np.dtype(np.int32): i32, np.dtype(np.uint32): u32}

@@ -12,7 +12,7 @@ Everything made before a ti.reset() / ti.init() is dropped: it is gone with the 
 from __future__ import annotations
 
 from ..errors import WgpuAdError
-from ..runtime import device as _device
+from .. import session as _device
 from ..types import to_dtype
 from .ndarray import Ndarray
 

@@ -13,25 +13,14 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import plan
-from ..compiler.options import current as _options
+from .. import session as _session
 from ..errors import CompileError, KernelArgError, WgpuAdError
 from ..types import MatrixType, VectorType, to_dtype
 from .external import EXTERNALS, Externals, describe, is_external
-from .launch import Launcher, launch, storage_getter
+from .launch import Launcher, launch, overlap, storage_getter
 from . import storage as _storage
 from .keep import LaunchKeep
 from .ndarray import Ndarray
-
-_compile_epoch = [0]  # bumped by ti.reset(): compiled kernels belong to one device
-_ad_state = None      # wgpu_ad.ad.state, imported on first launch (the tape records launches)
-
-
-def _get_runtime():
-    from ..runtime import device
-    global _get_runtime
-    _get_runtime = device.get_runtime
-    return device.get_runtime()
-
 
 _PLAIN = (int, float, bool)  # argument types that name themselves in keys
 READ_LOG = 4096  # argument sets per kernel whose reads kernel.grad() can check (as WRITE_LOG in storage.py)
@@ -70,14 +59,6 @@ class _Wrote:
         if any(v is None for v in live):
             return None
         return [idx for obj, kind, idx in self.lc.footprint(live) if obj is st and kind not in ("load", "load_before")]
-
-
-def _ad():
-    global _ad_state
-    if _ad_state is None:
-        from ..ad import state
-        _ad_state = state
-    return _ad_state
 
 
 class Template:
@@ -264,21 +245,21 @@ class Kernel:
     def _get(self, args):
         """(Launcher, specs, runtime) of the kernel specialised for these arguments and the
         current compile options."""
-        rt = _get_runtime()
-        opts = _options()
+        s = _session.current()
+        rt, opts = s.runtime, s.options
         if self._scalar_only:  # the hot path: nothing to specialise on
             hit = self._last
-            if hit is not None and hit[0] == _compile_epoch[0] and hit[1] is opts and len(args) == len(self.params):
+            if hit is not None and hit[0] == s.generation and hit[1] is opts and len(args) == len(self.params):
                 return hit[2], hit[3], rt
         specs, key = self._specs(args)
-        full = (key, _compile_epoch[0], opts)
+        full = (key, s.generation, opts)
         lc = self._cache.get(full)
         if lc is None:
             from ..compiler.driver import compile_kernel
             lc = self._cache[full] = Launcher(compile_kernel(self.fn, self.__name__, specs, self.ret_dtype, opts),
                                               specs)
         if self._scalar_only:
-            self._last = (_compile_epoch[0], opts, lc, specs)
+            self._last = (s.generation, opts, lc, specs)
         return lc, specs, rt
 
     def __call__(self, *args, **kwargs):
@@ -286,11 +267,11 @@ class Kernel:
             args = self._bind_kwargs(args, kwargs)
         if self._ndarrays and self._has_external(args):
             return self._call_external(args)
-        ad = _ad_state or _ad()
-        if ad.current_fwd is not None and not self._no_grad and not ad.in_no_grad:
+        ad = _session.current().ad
+        if ad.fwd is not None and not self._no_grad and not ad.no_grad_depth:
             return self._launch_dual(args)
         lc, specs, rt = self._get(args)
-        tape = ad.current_tape
+        tape = ad.tape
         run = self._checked(lc) if lc.plan.shadowed and self._may_want_grad(lc, args, tape, ad) else lc
         if tape is not None:
             tape.record(self, args)
@@ -300,8 +281,8 @@ class Kernel:
         taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
         if lc.snapshots and ad.keep_copies and not self._no_grad:  # no_grad: no adjoint reads them
             self._keep.keep_snapshots(lc, args, taped)
-        if lc.ck.ret_dtype is not None and _storage.host_guard is not None:
-            _storage.host_guard(self, f"the return value of kernel '{self.__name__}'")
+        if lc.ck.ret_dtype is not None and ad.host_guard is not None:
+            ad.host_guard(self, f"the return value of kernel '{self.__name__}'")
         if lc.plan.shadowed:
             ret = self._launch(lc, run, args, self._keep.scratch(lc, taped), rt, self._run_key(lc, args))
         else:
@@ -314,8 +295,9 @@ class Kernel:
         lc = self._get(args)[0]
         d, _specs, rt = self._get_dual(args)
         self._before_dual(lc, args)
-        if lc.ck.ret_dtype is not None and _storage.host_guard is not None:
-            _storage.host_guard(self, f"the return value of kernel '{self.__name__}'")
+        guard = _session.current().ad.host_guard
+        if lc.ck.ret_dtype is not None and guard is not None:
+            guard(self, f"the return value of kernel '{self.__name__}'")
         ret = launch(d, args + self._keep.scratch(lc, False), rt)
         self._note_versions(lc, args)
         return ret
@@ -324,7 +306,7 @@ class Kernel:
         """A launch of the dual kernel of forward Launcher lc inside ti.ad.FwdMode: the FwdMode
         checks where tangents stop (fwd.py note_launch); and as the dual kernel checks nothing,
         kernel.grad() must not trust the check of an older launch with these arguments."""
-        (_ad_state or _ad()).current_fwd.note_launch(self.__name__, [get(args) for get in lc.loads],
+        _session.current().ad.fwd.note_launch(self.__name__, [get(args) for get in lc.loads],
                                                      [get(args) for get in lc.writes])
         if lc.plan.shadowed:
             self._set_checked(self._run_key(lc, args, external), False, in_fwd_mode=True)
@@ -343,7 +325,8 @@ class Kernel:
         run = self._checked_lc.get(id(lc))
         if run is None:
             from ..compiler.driver import compile_checked
-            run = self._checked_lc[id(lc)] = Launcher(compile_checked(lc.compiled, _options()), lc.specs)
+            run = self._checked_lc[id(lc)] = Launcher(compile_checked(lc.compiled, _session.current().options),
+                                                      lc.specs)
             run.shadow_of = [storage_getter(src.of, run.compiled.storages) for src in run.plan.shadows]
         return run
 
@@ -431,7 +414,6 @@ class Kernel:
         read (or combined into with an atomic min / max) were written since: its adjoint would replay
         the new values. Writes since are compared by footprint (Storage.writes); one the log no
         longer holds, or a Python-scope write, counts as touching every element."""
-        from ..ad.overwrite import overlap
         reads = [get(args) for get in lc.replays]
         footprint = None
         record = self._read_versions.get(_versions_key(reads, args))
@@ -467,18 +449,18 @@ class Kernel:
 
     def _call_external(self, args):
         """A launch with host arrays (lang/external.py): copied in, launched, written back."""
-        tape = (_ad_state or _ad()).current_tape
-        if _storage.host_guard is not None:
-            _storage.host_guard(self, f"the NumPy arrays or torch tensors passed to kernel '{self.__name__}' "
-                                      f"(copied back after the launch)")
+        ad = _session.current().ad
+        tape = ad.tape
+        if ad.host_guard is not None:
+            ad.host_guard(self, f"the NumPy arrays or torch tensors passed to kernel '{self.__name__}' "
+                                f"(copied back after the launch)")
         if tape is not None:
             tape.record(self, args)  # the host arrays: the backward pass copies them in again
         dev, bound = EXTERNALS.to_device(self, args, self._ndarrays, with_grads=False)
-        ad = _ad_state or _ad()
         taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
         fwd, _specs, rt = self._get(dev)
         lc = fwd
-        if ad.current_fwd is not None and not self._no_grad and not ad.in_no_grad:
+        if ad.fwd is not None and not self._no_grad and not ad.no_grad_depth:
             lc = self._get_dual(dev)[0]  # host arrays have no duals; fields may
             self._before_dual(fwd, dev, external=True)
         if lc.snapshots and ad.keep_copies and not self._no_grad:  # no_grad: no adjoint reads them
@@ -505,10 +487,11 @@ class Kernel:
         kernel cannot be fused."""
         from ..compiler.driver import compile_adjoint, grad_sources
         lc, specs, rt = self._get(args)
-        opts = _options()
+        s = _session.current()
+        opts = s.options
         grads = grad_sources(lc.compiled, specs)
         # a ti.ad.Tape(check_nan=True) running its backward pass: the adjoint checks its gradients
-        check = opts.check_nan or (_ad_state or _ad()).check_nan
+        check = opts.check_nan or s.ad.check_nan
         # the forward's Launcher stands for the argument specs, the options and the epoch
         # (self._cache keeps it alive, so its id is never reused)
         key = (id(lc), grads, fused, check)
@@ -538,7 +521,7 @@ class Kernel:
         key = (id(lc), duals)  # the forward's Launcher stands for specs, options, epoch (see _get_grad)
         d = self._dual_cache.get(key)
         if d is None:
-            d = self._dual_cache[key] = Launcher(compile_dual(lc.compiled, duals, _options()), specs)
+            d = self._dual_cache[key] = Launcher(compile_dual(lc.compiled, duals, _session.current().options), specs)
         return d, specs, rt
 
     def launch_fused(self, args) -> bool:
@@ -625,7 +608,8 @@ class _GradLauncher:
             return None  # @ti.ad.no_grad: the kernel has no gradient (Taichi's behaviour)
         if kwargs:
             args = k._bind_kwargs(args, kwargs)
-        fwd = (_ad_state or _ad()).current_fwd
+        ad = _session.current().ad
+        fwd = ad.fwd
         if fwd is not None:
             raise WgpuAdError(
                 f"{k.__name__}.grad() inside ti.ad.FwdMode (entered at {fwd._where}): reverse mode on top of "
@@ -636,7 +620,7 @@ class _GradLauncher:
             k._require_checked(fwd, dev, external=True)
             g, _specs, rt = k._get_grad(dev, launching=True)
             snaps = k._keep.pop_snapshots(fwd, dev)
-            scratch = k._keep.scratch_for_grad(fwd, (_ad_state or _ad()).in_backward)
+            scratch = k._keep.scratch_for_grad(fwd, ad.in_backward)
             ret = launch(g, dev + snaps + scratch, rt)
             k._keep.recycle(snaps)
             k._keep.recycle_scratch(fwd, scratch)
@@ -645,12 +629,12 @@ class _GradLauncher:
             Externals.to_host(bound, g.ck, grads=True, inputs=read)
             return ret
         fwd, _specs, rt = k._get(args)
-        if not (_ad_state or _ad()).in_backward:  # a tape checks its launches itself
+        if not ad.in_backward:  # a tape checks its launches itself
             k._check_versions(fwd, args)
         k._require_checked(fwd, args)
         g, _specs, rt = k._get_grad(args, launching=True)
         snaps = k._keep.pop_snapshots(fwd, args)
-        scratch = k._keep.scratch_for_grad(fwd, (_ad_state or _ad()).in_backward)
+        scratch = k._keep.scratch_for_grad(fwd, ad.in_backward)
         ret = launch(g, args + snaps + scratch, rt)
         k._keep.recycle(snaps)
         k._keep.recycle_scratch(fwd, scratch)
@@ -720,6 +704,3 @@ def kernel(fn: Callable) -> Kernel:
     result is a `Kernel`, whose `.grad` is the generated adjoint."""
     return Kernel(fn)
 
-
-def clear_kernel_caches() -> None:
-    _compile_epoch[0] += 1

@@ -60,6 +60,13 @@ def storage_getter(src: plan.Source, storages: list, n_args: int = 0, n_scratch:
     raise AssertionError(f"unknown buffer source {src!r} (compiler bug)")
 
 
+def overlap(a: tuple, b: tuple) -> bool:
+    """Two footprint indices (Launcher.footprint) may name a common element."""
+    if len(a) != len(b):
+        return True
+    return all(x is None or y is None or x == y for x, y in zip(a, b))
+
+
 class Launcher:
     """A compiled kernel made ready to launch: its plan turned into closures."""
 

@@ -13,7 +13,7 @@ import operator
 import weakref
 
 from ..errors import WgpuAdError
-from ..runtime import device as _rt
+from .. import session as _rt
 
 
 class Axis:
@@ -146,4 +146,4 @@ class _Root(SNode):
 
 
 root = _Root()
-_rt.on_reset(root._reset)
+_rt.on_close(root._reset)

@@ -16,19 +16,15 @@ import numpy as np
 
 from ..types import DType, f16, to_dtype, u1
 from ..errors import WgpuAdError
-from ..runtime import device as _rt
-
-# While set, called as host_guard(storage, what, index=None) before a Python-scope read or write of a
-# storage (what: "to_numpy()", "fill()", ...; index: of x[i]): ti.ad.checkpoint watches the steps it
-# runs (ad/checkpoint.py).
-host_guard = None
+from .. import session as _rt
 
 
-def set_host_guard(guard):
-    """Install `guard` (None: none) as host_guard; returns the one it replaces."""
-    global host_guard
-    prev, host_guard = host_guard, guard
-    return prev
+
+def _guard():
+    """The session's host guard: while set, called as guard(storage, what, index=None) before a
+    Python-scope read or write of a storage (what: "to_numpy()", "fill()", ...; index: of x[i]);
+    ti.ad.checkpoint watches the steps it runs with it (ad/checkpoint.py)."""
+    return _rt.current().ad.host_guard
 
 
 # How many of its latest writes a storage remembers for kernel.grad()'s check (lang/kernel.py): a
@@ -49,7 +45,7 @@ def _drop_buffers() -> None:
         s._buffer = None
 
 
-_rt.on_reset(_drop_buffers)
+_rt.on_close(_drop_buffers)
 
 
 class StorageIndexError(WgpuAdError, IndexError):
@@ -247,7 +243,7 @@ class Storage(ABC):
     def _allocate(self):
         self._check_alive()
         shape = self.shape  # raises for unplaced fields
-        rt = _rt.get_runtime()
+        rt = _rt.runtime()
         if self.dtype == f16 and not rt.has_f16:
             raise WgpuAdError(f"{self._label()} has dtype f16, but this adapter lacks the 'shader-f16' "
                               f"feature; use ti.f32")
@@ -288,14 +284,14 @@ class Storage(ABC):
 
     def __getitem__(self, key):
         flat = self._flat_index(key)
-        if host_guard is not None:
-            host_guard(self, f"{self.name or 'x'}[{key!r}] in Python scope", key)
+        if (guard := _guard()) is not None:
+            guard(self, f"{self.name or 'x'}[{key!r}] in Python scope", key)
         es, nb = self.element_size, self.dtype.nbytes
         if self._buffer is None:
             self._check_alive()
             data = bytes(es * nb)  # never written: zeros, no need to allocate
         else:
-            data = _rt.get_runtime().read(self._buffer, es * nb, flat * es * nb)
+            data = _rt.runtime().read(self._buffer, es * nb, flat * es * nb)
         arr = np.frombuffer(data, dtype=self.dtype.np)
         if not self.element_shape:
             return arr[0].item()
@@ -304,10 +300,10 @@ class Storage(ABC):
     def __setitem__(self, key, value) -> None:
         flat = self._flat_index(key)
         arr = self._as_elements(value, self.element_shape, f"{self._label()}[{key!r}] = ...")
-        if host_guard is not None:
-            host_guard(self, f"{self.name or 'x'}[{key!r}] = ... in Python scope", key)
+        if (guard := _guard()) is not None:
+            guard(self, f"{self.name or 'x'}[{key!r}] = ... in Python scope", key)
         es, nb = self.element_size, self.dtype.nbytes
-        _rt.get_runtime().write(self.gpu_buffer(), np.broadcast_to(arr, self.element_shape).ravel(), flat * es * nb)
+        _rt.runtime().write(self.gpu_buffer(), np.broadcast_to(arr, self.element_shape).ravel(), flat * es * nb)
         self.wrote("a Python-scope assignment")
 
     def _as_elements(self, value, shape: tuple, what: str) -> np.ndarray:
@@ -331,13 +327,13 @@ class Storage(ABC):
         """A copy of the contents, shape = shape + element_shape."""
         shape = self.shape
         full = shape + self.element_shape
-        if host_guard is not None:
-            host_guard(self, "to_numpy()")
+        if (guard := _guard()) is not None:
+            guard(self, "to_numpy()")
         if self._buffer is None:
             self._check_alive()
             arr = np.zeros(full, dtype=self.dtype.np)
         else:
-            view = _rt.get_runtime().read_view(self._buffer, self.nbytes)
+            view = _rt.runtime().read_view(self._buffer, self.nbytes)
             arr = np.frombuffer(view, dtype=self.dtype.np).reshape(full)
         return arr if dtype is None else arr.astype(dtype)
 
@@ -353,9 +349,9 @@ class Storage(ABC):
             raise WgpuAdError(f"{self._label()}.from_numpy: cannot store {a.dtype} data in a {self.dtype} "
                               f"{self._kind} without losing its kind; convert it first, e.g. "
                               f"arr.astype(np.{self.dtype.np.name})")
-        if host_guard is not None:
-            host_guard(self, "from_numpy()")
-        _rt.get_runtime().write(self.gpu_buffer(), np.ascontiguousarray(a, dtype=self.dtype.np))
+        if (guard := _guard()) is not None:
+            guard(self, "from_numpy()")
+        _rt.runtime().write(self.gpu_buffer(), np.ascontiguousarray(a, dtype=self.dtype.np))
         self.wrote("from_numpy")
 
     def wrote(self, who: str) -> None:
@@ -364,18 +360,18 @@ class Storage(ABC):
         self.writer = who
         self.writes.append((self.version, who, None))
         if not self.is_grad and not self.host_copy:
-            from ..ad import state  # (import-free module; lang is imported first)
-            tape = state.current_tape  # (a ti.ad.checkpoint recorder watches through host_guard instead)
+            ad = _rt.current().ad
+            tape = ad.tape  # (a ti.ad.checkpoint recorder watches through the host guard instead)
             check = getattr(tape, "host_write", None)
-            if check is not None and tape.recording and not state.in_backward:
+            if check is not None and tape.recording and not ad.in_backward:
                 check(self, who)
 
     def fill(self, value) -> None:
         """Set every element to value (a scalar, or one element's vector / matrix)."""
         arr = self._as_elements(value, self.element_shape, f"{self._label()}.fill")
-        if host_guard is not None:
-            host_guard(self, "fill()")
-        rt = _rt.get_runtime()
+        if (guard := _guard()) is not None:
+            guard(self, "fill()")
+        rt = _rt.runtime()
         if arr.ndim == 0:
             rt.fill(self.gpu_buffer(), arr, self.dtype, self.n_scalars)
             self.all_zero = not arr.any()
@@ -394,14 +390,14 @@ class Storage(ABC):
                               f"must match; {mine} vs {theirs}")
         if other is self:
             return
-        if host_guard is not None:
-            host_guard(self, "copy_from()")
+        if (guard := _guard()) is not None:
+            guard(self, "copy_from()")
         self._copy_from(other)
 
     def _copy_from(self, other: "Storage") -> None:
         """copy_from without the checks: the library's own copies (in-place kernels, checkpoints)."""
         n = (self.nbytes + 3) // 4 * 4  # buffers are rounded up alike, so whole words are safe
-        _rt.get_runtime().copy(other.gpu_buffer(), self.gpu_buffer(), n)
+        _rt.runtime().copy(other.gpu_buffer(), self.gpu_buffer(), n)
         self.wrote("copy_from")
 
     def __repr__(self) -> str:

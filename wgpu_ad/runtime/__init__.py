@@ -5,11 +5,11 @@ It knows CompiledKernel (plain data from the compiler) and nothing of the IR.
 from .adapter import (ARCH_ENV_VAR, ARCHES, KEY_LIMITS, WANTED_FEATURES, adapter_report, amdgpu, cpu, cuda, dx12,
                       enumerate_adapters, gpu, install_instructions, metal, opengl, select_adapter, vulkan)
 from .compiled import ERROR_WORDS, BindingSpec, CompiledKernel, CompiledTask
-from .device import Runtime, generation, get_runtime, init, on_reset, reset, sync
+from .device import Runtime
 
 __all__ = [
     "ARCH_ENV_VAR", "ARCHES", "KEY_LIMITS", "WANTED_FEATURES", "adapter_report", "amdgpu", "cpu", "cuda", "dx12",
     "enumerate_adapters", "gpu", "install_instructions", "metal", "opengl", "select_adapter", "vulkan",
     "ERROR_WORDS", "BindingSpec", "CompiledKernel", "CompiledTask",
-    "Runtime", "generation", "get_runtime", "init", "on_reset", "reset", "sync",
+    "Runtime",
 ]

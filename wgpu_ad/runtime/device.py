@@ -12,10 +12,10 @@ runs before any other work reaches the device, so nothing can see the difference
 """
 from __future__ import annotations
 
-import atexit
 import functools
 import logging
 import sys
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -38,7 +38,7 @@ _STAGE_LIMIT = 4 * 1024           # host writes up to this many bytes are staged
 
 
 class Runtime:
-    """One wgpu device and everything created on it. Get it with get_runtime()."""
+    """One wgpu device and everything created on it; a session (session.py) owns one."""
 
     def __init__(self, arch=None, debug: bool = False, force_emulated_atomics: bool = False,
                  default_fp=None, random_seed: int = 0, print_buffer_lines: int = DEFAULT_PRINT_LINES):
@@ -53,6 +53,7 @@ class Runtime:
         except Exception as e:
             raise GpuError(f"could not create a device on {_adapter.describe(self.adapter)}: {e}") from e
         self.queue = self.device.queue
+        _watcher.runtimes.add(self)
         self.features: frozenset[str] = frozenset(self.device.features)
         self.limits: dict[str, int] = dict(self.device.limits)
         self.debug = bool(debug)
@@ -534,88 +535,24 @@ class Deferred:
         return pending
 
 
-# ---- the process-wide runtime ----------------------------------------------------------------
-
-_runtime: Runtime | None = None
-_generation = 0
-_reset_hooks: list[Callable[[], None]] = []
-
+# ---- device loss ----------------------------------------------------------------------------
 
 class _LostWatcher(logging.Handler):
-    """wgpu-py only logs device loss; turn it into a flag the runtime raises on."""
+    """wgpu-py only logs device loss; turn it into a flag the runtimes raise on."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.ERROR)
+        self.runtimes: weakref.WeakSet = weakref.WeakSet()
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             msg = record.getMessage()
         except Exception:
             return
-        if "device was lost" in msg and _runtime is not None and "Destroyed" not in msg:
-            _runtime.lost = msg.strip().splitlines()[0]
+        if "device was lost" in msg and "Destroyed" not in msg:
+            for rt in list(self.runtimes):
+                rt.lost = msg.strip().splitlines()[0]
 
 
-_watcher = _LostWatcher(level=logging.ERROR)
+_watcher = _LostWatcher()
 logging.getLogger("wgpu").addHandler(_watcher)
-
-
-def generation() -> int:
-    """Bumped by every reset(); data made in an older generation is invalid."""
-    return _generation
-
-
-def on_reset(hook: Callable[[], None]) -> None:
-    """Call hook() on every reset() (the data layer drops its buffers there)."""
-    if hook not in _reset_hooks:
-        _reset_hooks.append(hook)
-
-
-def init(arch=None, debug: bool = False, force_emulated_atomics: bool = False, default_fp=None,
-         random_seed: int = 0, print_buffer_lines: int = DEFAULT_PRINT_LINES, **ignored_taichi_kwargs) -> Runtime:
-    """Start (or restart, dropping all fields) the runtime. Taichi-only options are accepted and ignored.
-    print_buffer_lines: how many lines print() in kernels may write between two read-backs."""
-    global _runtime
-    if _runtime is not None:
-        reset()
-    _runtime = Runtime(arch=arch, debug=debug, force_emulated_atomics=force_emulated_atomics,
-                       default_fp=default_fp, random_seed=random_seed, print_buffer_lines=print_buffer_lines)
-    return _runtime
-
-
-def reset() -> None:
-    """Drop the device and every field / ndarray buffer; the next use starts a fresh runtime."""
-    global _runtime, _generation
-    _generation += 1
-    if _runtime is not None:
-        for d in _runtime._deferred:  # deferred launches belong to the fields that are gone
-            d.cancel()
-        _runtime._deferred.clear()
-        _flush_prints(_runtime)
-    _runtime = None
-    for hook in list(_reset_hooks):
-        hook()
-
-
-def _flush_prints(rt: Runtime | None) -> None:
-    """Lines printed by kernels since the last read-back reach sys.stdout before the runtime goes
-    (ti.reset(), ti.init() again, the end of the program)."""
-    if rt is None or not rt.prints.launches or rt.lost is not None:
-        return
-    try:
-        rt.sync()
-    except WgpuAdError as e:  # the runtime is going away: report, instead of a traceback
-        print(f"wgpu_ad: while reading back the lines printed by kernels: {e}", file=sys.stderr)
-
-
-atexit.register(lambda: _flush_prints(_runtime))
-
-
-def get_runtime() -> Runtime:
-    """The current runtime, created with defaults if init() was never called."""
-    rt = _runtime
-    if rt is None:
-        rt = init()
-    return rt
-
-
-def sync() -> None:
-    if _runtime is not None:
-        _runtime.sync()
