@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import sys
 import threading
+import weakref
 from typing import Callable
 
 from .compiler.options import CompileOptions, check_changes, for_device
@@ -56,6 +57,20 @@ class Session:
         self._options: CompileOptions | None = None
         self._ad = threading.local()  # each thread's autodiff context: a tape records its own thread
         self.closed = False
+        # live storages that have a gradient or a dual: while there are none, and no tape or FwdMode
+        # is open, nothing can ask for a derivative and a launch is only a launch (lang/kernel.py)
+        self.companions = 0
+        # launches that kept no autodiff records (made while nothing had a gradient or a dual):
+        # kernel.grad() refuses to trust a record older than one of them
+        self.unlogged_launches = 0
+
+    def track_companion(self, owner) -> None:
+        """`owner` got a gradient or a dual: launches keep autodiff records while it lives."""
+        self.companions += 1
+        weakref.finalize(owner, self._companion_gone)
+
+    def _companion_gone(self) -> None:
+        self.companions -= 1
 
     @property
     def ad(self) -> AdContext:

@@ -166,6 +166,7 @@ class Kernel:
         # argument sets; _forgot: older ones were dropped (a kernel.grad() for one of those is refused)
         self._read_versions: collections.OrderedDict = collections.OrderedDict()
         self._forgot = False
+        self._unlogged = False  # launched while nothing had a gradient: no record of that launch
         self._keep = LaunchKeep(fn.__name__)  # copies and scratch kept for adjoints (keep.py)
         # checked forward variants (passes/autodiff/shadow.py) per forward Launcher id, spare shadow
         # buffers by size, and per launch key (_run_key) whether its latest launch was checked
@@ -242,11 +243,12 @@ class Kernel:
                        needs_dual=bool(getattr(v, "needs_dual", False)))
 
     # ---- compilation ------------------------------------------------------------------
-    def _get(self, args):
+    def _get(self, args, s=None):
         """(Launcher, specs, runtime) of the kernel specialised for these arguments and the
-        current compile options."""
-        s = _session.current()
-        rt, opts = s.runtime, s.options
+        current compile options (of session s: the open one when not given)."""
+        if s is None:
+            s = _session.current()
+        rt, opts = s._runtime or s.runtime, s._options or s.options  # (properties only when unset)
         if self._scalar_only:  # the hot path: nothing to specialise on
             hit = self._last
             if hit is not None and hit[0] == s.generation and hit[1] is opts and len(args) == len(self.params):
@@ -267,16 +269,29 @@ class Kernel:
             args = self._bind_kwargs(args, kwargs)
         if self._ndarrays and self._has_external(args):
             return self._call_external(args)
-        ad = _session.current().ad
+        s = _session._state["session"] or _session.current()
+        try:
+            ad = s._ad.ctx  # (the property s.ad, without its call, once the thread has one)
+        except AttributeError:
+            ad = s.ad
+        if not s.companions and ad.tape is None and ad.fwd is None and ad.host_guard is None:
+            # nothing in the program has a gradient or a dual and no tape is open: nothing can ask
+            # for a derivative of this launch, so it keeps no records (kernel.grad() of it refuses)
+            lc, specs, rt = self._get(args, s)
+            s.unlogged_launches += 1
+            self._unlogged = True
+            if lc.plan.shadowed:  # (remembers that its latest launch was not checked)
+                return self._launch(lc, lc, args, self._keep.scratch(lc, False), rt, self._run_key(lc, args))
+            return launch(lc, args + self._keep.scratch(lc, False) if lc.plan.scratch else args, rt)
         if ad.fwd is not None and not self._no_grad and not ad.no_grad_depth:
             return self._launch_dual(args)
-        lc, specs, rt = self._get(args)
+        lc, specs, rt = self._get(args, s)
         tape = ad.tape
         run = self._checked(lc) if lc.plan.shadowed and self._may_want_grad(lc, args, tape, ad) else lc
         if tape is not None:
             tape.record(self, args)
             if tape.defer(self, run, args, rt):
-                self._note_versions(lc, args)
+                self._note_versions(lc, args, s)
                 return None  # launched before anything else reaches the device, or fused with its adjoint
         taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
         if lc.snapshots and ad.keep_copies and not self._no_grad:  # no_grad: no adjoint reads them
@@ -287,7 +302,7 @@ class Kernel:
             ret = self._launch(lc, run, args, self._keep.scratch(lc, taped), rt, self._run_key(lc, args))
         else:
             ret = launch(lc, args + self._keep.scratch(lc, taped), rt)
-        self._note_versions(lc, args)
+        self._note_versions(lc, args, s)
         return ret
 
     def _launch_dual(self, args):
@@ -389,8 +404,9 @@ class Kernel:
                 f"Launch it inside ti.ad.Tape, or while something it reads has needs_grad=True, right before "
                 f"its .grad()")
 
-    def _note_versions(self, lc, args) -> None:
-        """A forward launch: bump the versions of what it wrote, remember those of what it read."""
+    def _note_versions(self, lc, args, s=None) -> None:
+        """A forward launch: bump the versions of what it wrote, remember those of what it read
+        (with the session's count of unlogged launches then: see _check_versions)."""
         if lc.writes:
             who, wrote = f"kernel '{self.__name__}'", _Wrote(lc, args)
             for get in lc.writes:
@@ -404,7 +420,8 @@ class Kernel:
             versions = self._read_versions
             if key in versions:
                 versions.move_to_end(key)
-            versions[key] = [(weakref.ref(st), st.version) for st in reads]
+            unlogged = (s or _session.current()).unlogged_launches
+            versions[key] = (unlogged, [(weakref.ref(st), st.version) for st in reads])
             if len(versions) > READ_LOG:
                 versions.popitem(last=False)
                 self._forgot = True
@@ -417,13 +434,22 @@ class Kernel:
         reads = [get(args) for get in lc.replays]
         footprint = None
         record = self._read_versions.get(_versions_key(reads, args))
+        unlogged = _session.current().unlogged_launches
+        if reads and (record is None and self._unlogged or record is not None and record[0] != unlogged):
+            raise WgpuAdError(
+                f"{self.__name__}.grad(): kernel '{self.__name__}' (or another kernel) ran while nothing in the "
+                f"program had a gradient or a dual, and such launches keep no record of what they read or "
+                f"wrote, so whether what this launch read is unchanged is not known and its gradient cannot be "
+                f"trusted. Give the fields their gradients first (needs_grad=True, or ti.root.lazy_grad() "
+                f"before the launches), launch {self.__name__} again right before its .grad(), or record the "
+                f"launches in ti.ad.Tape")
         if record is None and self._forgot and reads:
             raise WgpuAdError(
                 f"{self.__name__}.grad(): kernel '{self.__name__}' ran with more than {READ_LOG} other argument "
                 f"sets since its launch with these arguments (if there was one), and what that launch read is "
                 f"no longer known, so its gradient cannot be trusted. Launch {self.__name__} with these "
                 f"arguments again right before its .grad(), or record the launches in ti.ad.Tape")
-        for ref, version in record or ():
+        for ref, version in (record[1] if record is not None else ()):
             st = ref()
             if st is None or st.version == version:
                 continue
@@ -629,9 +655,9 @@ class _GradLauncher:
             Externals.to_host(bound, g.ck, grads=True, inputs=read)
             return ret
         fwd, _specs, rt = k._get(args)
+        k._require_checked(fwd, args)
         if not ad.in_backward:  # a tape checks its launches itself
             k._check_versions(fwd, args)
-        k._require_checked(fwd, args)
         g, _specs, rt = k._get_grad(args, launching=True)
         snaps = k._keep.pop_snapshots(fwd, args)
         scratch = k._keep.scratch_for_grad(fwd, ad.in_backward)

@@ -177,6 +177,7 @@ class Storage(ABC):
         c = new()
         setattr(c, flag, True)
         c.primal = self
+        _rt.current().track_companion(self)
         return c
 
     @abstractmethod
