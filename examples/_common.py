@@ -1,4 +1,4 @@
-"""What the examples share: the headless switch, PNG frame names, and a terminal progress bar.
+"""What the examples share: the headless switch, PNG frame names, and a progress display.
 
 The examples put their own folder on sys.path (Python does that for `python examples/x.py`), so
 `import _common` works both as a script and when a test imports an example by path.
@@ -61,18 +61,23 @@ def frame_file(out: str, prefix: str, i: int) -> str:
 
 
 class Progress:
-    """A one-line progress bar: tqdm when it is installed, else plain carriage-return output."""
+    """Progress of a loop: tqdm's bar in a terminal or a notebook (`pip install tqdm`, in the
+    examples' extra); in a log (stdout not a terminal) or without tqdm, one plain line at every
+    tenth of the way, so a log gets at most 11 lines and no carriage returns."""
 
-    def __init__(self, total: int, desc: str = "", width: int = 30, enabled: bool = True):
-        self.total, self.desc, self.width, self.enabled = total, desc, width, enabled
-        self.n, self.postfix, self.t0 = 0, "", time.perf_counter()
+    def __init__(self, total: int, desc: str = "", enabled: bool = True, stream=None):
+        self.total, self.desc, self.enabled = total, desc, enabled
+        self.stream = stream if stream is not None else sys.stdout
+        self.n, self.postfix, self.t0, self._next_line = 0, "", time.perf_counter(), 0
         self._tqdm = None
-        if enabled:
+        interactive = "ipykernel" in sys.modules or getattr(self.stream, "isatty", lambda: False)()
+        if enabled and interactive:
             try:
-                from tqdm import tqdm
-                self._tqdm = tqdm(total=total, desc=desc, ncols=90)
+                from tqdm.auto import tqdm
             except ImportError:
-                pass
+                tqdm = None
+            if tqdm is not None:
+                self._tqdm = tqdm(total=total, desc=desc, file=self.stream, dynamic_ncols=True)
 
     def update(self, postfix: str = "") -> None:
         self.n += 1
@@ -82,22 +87,14 @@ class Progress:
         if self._tqdm is not None:
             self._tqdm.set_postfix_str(postfix, refresh=False)
             self._tqdm.update(1)
-            return
-        done = self.width * self.n // max(self.total, 1)
-        dt = time.perf_counter() - self.t0
-        eta = dt / self.n * (self.total - self.n)
-        bar = "#" * done + "-" * (self.width - done)
-        sys.stdout.write(f"\r{self.desc} [{bar}] {self.n}/{self.total} {dt:5.1f}s eta {eta:5.1f}s {postfix}")
-        sys.stdout.flush()
+        elif self.n >= self._next_line or self.n == self.total:
+            self._next_line = self.n + max(1, self.total // 10)
+            dt = time.perf_counter() - self.t0
+            print(f"{self.desc}: {self.n}/{self.total} {dt:.1f}s {postfix}".rstrip(), file=self.stream, flush=True)
 
     def close(self) -> None:
-        if not self.enabled:
-            return
         if self._tqdm is not None:
             self._tqdm.close()
-        else:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
 
 
 def plot_loss(history: list[float], path: str, title: str, headless: bool = True) -> None:

@@ -33,6 +33,7 @@ GRAVITY = 9.8
 SPHERE_C, SPHERE_R = (0.0, 0.3, 0.0), 0.3   # the ground is the plane y = 0
 HEIGHT = 0.8                                # initial height of the horizontal cloth (side 1)
 TARGET = (0.6, 0.05, -0.4)                  # where --optimize wants the centre of mass to land
+HEADLESS_SECONDS = 1.5                      # headless frames span the fall and the draping over the sphere
 # grid offsets of the springs and their relative stiffness: structural, shear, bending
 SPRINGS = [((1, 0), 1.0), ((-1, 0), 1.0), ((0, 1), 1.0), ((0, -1), 1.0),
            ((1, 1), 0.5), ((-1, -1), 0.5), ((1, -1), 0.5), ((-1, 1), 0.5),
@@ -445,7 +446,7 @@ class LiveCloth:
     def _ray(self, cam) -> np.ndarray:
         return cursor_ray(*cam, self.res[0] / self.res[1], self.view.window.get_cursor_pos())
 
-    def frame(self) -> None:
+    def frame(self, advance: bool = True) -> None:
         w, cloth = self.view.window, self.cloth
         cam = _cam_vectors(self.view.camera)
         for e in w.get_events():
@@ -460,7 +461,7 @@ class LiveCloth:
         if self.picked >= 0:
             self.target = tuple(float(c) for c in cam[0] + self.depth * self._ray(cam))
         self.view.camera.track_user_inputs(w, movement_speed=0.03, hold_key=ti.ui.RMB)
-        if w.should_advance():
+        if advance and w.should_advance():
             for _ in range(self.substeps):
                 cloth.step(self.cur, self.picked, self.target, self.max_speed)
                 self.cur = 1 - self.cur
@@ -470,10 +471,12 @@ class LiveCloth:
 def run_live(args, headless: bool, frames: int | None) -> None:
     live = LiveCloth(args.n, (args.res, args.res * 3 // 4), headless, args.substeps)
     headless, frames = adopt_headless(args, live.view.headless, headless, frames)
+    if headless and not args.substeps:  # pictures of the whole fall from the start, not 1/60 s apart
+        live.substeps = max(1, round(HEADLESS_SECONDS / max(frames - 1, 1) / live.cloth.dt))
     print(f"cloth {args.n}x{args.n}, dt {live.cloth.dt:.2e}, {live.substeps} substeps per frame")
     t0, i = time.perf_counter(), 0
     while live.view.window.running and (frames is None or i < frames):
-        live.frame()
+        live.frame(advance=not (headless and i == 0))  # headless: the first picture is the start
         live.view.present(args.out, "cloth", i)
         i += 1
     ti.sync()

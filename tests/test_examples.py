@@ -124,11 +124,17 @@ def test_cloth_headless_frames(tmp_path):
     out = run_example("cloth.py", ["--headless", "--n", "12", "--frames", "3", "--res", "320",
                                    "--out", str(tmp_path)])
     assert "3 frames" in out, out
+    lowest = []
     for i in range(3):
         img = check_image(tmp_path / f"cloth_{i:04d}.png", (320, 240), min_colors=4)
-    # the cloth (warm checker colours) is in the picture, not just the sphere and the ground
-    r, g, b = (img[..., k].astype(int) for k in range(3))
-    assert ((r > b + 60) & (r > 120)).sum() > 50, "no cloth pixels in the frame"
+        # the cloth (warm checker colours) is in the picture, not just the sphere and the ground
+        r, g, b = (img[..., k].astype(int) for k in range(3))
+        cloth = (r > b + 60) & (r > 120)
+        assert cloth.sum() > 50, f"no cloth pixels in frame {i}"
+        lowest.append(np.nonzero(cloth.any(axis=1))[0].max())  # image rows count from the top
+    # the frames span the fall: the cloth hangs down over the sphere in the last one (it was still
+    # flat above the sphere when each headless frame was 1/60 s)
+    assert lowest[2] > lowest[0] + 0.1 * 240, f"the cloth's lowest pixel rows {lowest}: it did not drape"
 
 
 def test_cloth_optimize_cli_writes_loss_plot(tmp_path):
@@ -246,3 +252,44 @@ def test_torch_splats_fits_and_writes_images(tmp_path):
     assert last < first / 2, out
     check_image(tmp_path / "torch_splats.png", (2 * 24 * 4 + 2 * 4, 24 * 4), min_colors=8)
     check_image(tmp_path / "torch_splats_loss.png", (640, 400), min_colors=3)
+
+
+def _progress_class():
+    spec = importlib.util.spec_from_file_location("examples_common", EXAMPLES / "_common.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.Progress
+
+
+def test_progress_in_a_log_is_a_few_plain_lines():
+    """Not a terminal (a log, CI): a line at every tenth, no carriage returns (it was one 28 KB line)."""
+    import io
+
+    out = io.StringIO()
+    bar = _progress_class()(1000, "fitting", stream=out)
+    for i in range(1000):
+        bar.update(f"loss {1.0 / (i + 1):.4f}")
+    bar.close()
+    text = out.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert 10 <= len(lines) <= 11, lines
+    assert lines[0].startswith("fitting: 1/1000 ") and lines[0].endswith("loss 1.0000")
+    assert lines[-1].startswith("fitting: 1000/1000 ")
+
+
+def test_progress_in_a_terminal_is_tqdms_bar():
+    import io
+
+    pytest.importorskip("tqdm", reason="tqdm is not installed (pip install tqdm; it is in the test extra)")
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = Tty()
+    bar = _progress_class()(50, "fitting", stream=out)
+    for _ in range(50):
+        bar.update("loss 0.5")
+    bar.close()
+    assert "fitting: 100%" in out.getvalue() and "50/50" in out.getvalue()

@@ -388,3 +388,22 @@ def test_bind_groups_and_pipelines_are_cached():
     rt.launch(ck2, 0, [a], u32s(1), 1)
     assert rt._pipelines.kernel(ck2).tasks[0].pipeline is tp.pipeline
     assert read_u32(rt, a, 16).tolist() == [3] * 16
+
+
+@pytest.mark.gpu
+def test_no_driver_noise_when_xdg_runtime_dir_is_unset(tmp_path):
+    """Mesa's drivers print `error: XDG_RUNTIME_DIR is invalid or not set` four times when it is
+    unset (CI, containers); wgpu_ad points it at a private folder first, only then."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "k.py"
+    script.write_text("import os\nimport wgpu_ad as ti\nti.init()\nx = ti.field(ti.f32, shape=4)\n\n"
+                      "@ti.kernel\ndef k():\n    for i in x:\n        x[i] = i * 2.0\n\n"
+                      "k()\nprint(x.to_numpy().tolist(), oct(os.stat(os.environ['XDG_RUNTIME_DIR']).st_mode & 0o777))\n")
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "XDG_RUNTIME_DIR" not in r.stderr, r.stderr
+    assert r.stdout.strip() == "[0.0, 2.0, 4.0, 6.0] 0o700"

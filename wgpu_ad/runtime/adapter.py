@@ -62,10 +62,30 @@ def install_instructions() -> str:
     return "\n".join(lines)
 
 
+def _default_runtime_dir() -> None:
+    """Mesa's Vulkan drivers print `error: XDG_RUNTIME_DIR is invalid or not set` four times when
+    the variable is unset (containers, CI, cron). Only then, point it at a private folder, as
+    the XDG spec asks (owned by the user, mode 0700), before the drivers load."""
+    if os.environ.get("XDG_RUNTIME_DIR") or not sys.platform.startswith("linux"):
+        return
+    import tempfile
+
+    folder = os.path.join(tempfile.gettempdir(), f"wgpu_ad-runtime-{os.getuid()}")
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        st = os.stat(folder)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            return  # not ours, or open to others: leave the variable unset, the noise is harmless
+    except OSError:
+        return
+    os.environ["XDG_RUNTIME_DIR"] = folder
+
+
 def enumerate_adapters() -> list:
     """All adapters wgpu sees; enumerated once per process (the first call takes ~0.5 s)."""
     global _adapters_cache
     if _adapters_cache is None:
+        _default_runtime_dir()
         try:
             _adapters_cache = list(wgpu.gpu.enumerate_adapters_sync())
         except Exception as e:  # wgpu-native could not load any backend

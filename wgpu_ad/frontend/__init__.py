@@ -1,0 +1,1 @@
+"""Python AST -> IR: one visit_ per supported construct, desugaring tables."""
