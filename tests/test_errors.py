@@ -274,3 +274,23 @@ def test_64_bit_types_are_refused_with_the_32_bit_name():
     with pytest.raises(AttributeError, match=r"ti.i64: .* use ti.i32$"):
         ti.i64
     assert not hasattr(ti, "float64")
+
+
+def test_scalar_argument_that_is_not_a_number_names_kernel_and_argument():
+    """A str for a ti.f32 argument: the kernel, the argument, its type and the value, not Python's
+    bare "could not convert string to float"; a TypeError, as Taichi's TaichiTypeError is."""
+    x = ti.field(ti.f32, shape=2)
+
+    @ti.kernel
+    def scale(a: ti.f32, v: ti.types.vector(2, ti.f32)):
+        x[0] = a * v[0]
+
+    with pytest.raises(ti.KernelArgError) as e:
+        scale("four", [1.0, 2.0])
+    assert str(e.value) == "kernel 'scale': argument 'a' must be a f32 number, got str 'four'"
+    assert isinstance(e.value, TypeError) and isinstance(e.value, ti.TaichiTypeError)
+    with pytest.raises(ti.KernelArgError) as e:
+        scale(4.0, ["one", "two"])
+    assert str(e.value) == "kernel 'scale': argument 'v' must be 2 f32 numbers, got list ['one', 'two']"
+    scale(4, (1.5, 2.0))  # numbers still pass, ints for floats included
+    assert x.to_numpy()[0] == 6.0

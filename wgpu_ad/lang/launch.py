@@ -182,7 +182,7 @@ def _word_getter(kname: str, w, specs, prints: tuple = ()) -> Callable:
     if isinstance(w, plan.Component):
         c, n = w.index, w.count
         conv = float if dt.is_float else int
-        return lambda args, rt: conv(_flat(args[k], n, name)[c])
+        return lambda args, rt: conv(_flat(args[k], n, name, kname, dt)[c])
 
     def scalar(args, rt):
         v = args[k]
@@ -190,6 +190,9 @@ def _word_getter(kname: str, w, specs, prints: tuple = ()) -> Callable:
             return v
         if isinstance(v, (list, tuple)) or getattr(v, "shape", ()) != ():
             raise KernelArgError(f"kernel '{kname}': argument '{name}' must be a scalar {dt}, got {type(v).__name__}")
+        if not _is_number(v):
+            raise KernelArgError(f"kernel '{kname}': argument '{name}' must be a {dt} number, got "
+                                 f"{type(v).__name__} {_short(v)}")
         if dt.is_float:
             return float(v)
         if not float(v).is_integer():
@@ -198,11 +201,26 @@ def _word_getter(kname: str, w, specs, prints: tuple = ()) -> Callable:
     return scalar
 
 
-def _flat(v, n: int, name: str):
-    arr = np.asarray(v, dtype=np.float64).reshape(-1)
+def _flat(v, n: int, name: str, kname: str, dtype: str):
+    try:
+        arr = np.asarray(v, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise KernelArgError(f"kernel '{kname}': argument '{name}' must be {n} {dtype} numbers, got "
+                             f"{type(v).__name__} {_short(v)}") from None
     if arr.size != n:
-        raise KernelArgError(f"argument '{name}' must have {n} components, got {arr.size}")
+        raise KernelArgError(f"kernel '{kname}': argument '{name}' must have {n} components, got {arr.size}")
     return arr
+
+
+def _is_number(v) -> bool:
+    """int, float, bool, NumPy and torch scalars: what float() and int() take as a number (a str
+    such as "4" is not one: float("four") would fail far from the call)."""
+    return not isinstance(v, (str, bytes)) and (hasattr(v, "__float__") or hasattr(v, "__index__"))
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
 
 
 def _explain(kname, specs, args, e) -> str:
