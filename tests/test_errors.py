@@ -294,3 +294,53 @@ def test_scalar_argument_that_is_not_a_number_names_kernel_and_argument():
     assert str(e.value) == "kernel 'scale': argument 'v' must be 2 f32 numbers, got list ['one', 'two']"
     scale(4, (1.5, 2.0))  # numbers still pass, ints for floats included
     assert x.to_numpy()[0] == 6.0
+
+
+def test_calling_a_vector_suggests_indexing_it():
+    """v(0) reads like an index to some; the message says to index with [...], not Python's
+    "unhashable type: 'Mat'" from inside the compiler."""
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            v = ti.Vector([1.0, 2.0])
+            m = ti.Matrix([[1.0, 0.0], [0.0, 1.0]])
+            x[i] = v(0) + m(0, 1)
+
+    msg = _compile_error(k)
+    assert msg.splitlines()[0] == ("'v' is a vector, not a function: it cannot be called; to read an entry, "
+                                   "index it with square brackets: v[0]")
+    assert ", in k" in msg and msg.splitlines()[-2].strip() == "x[i] = v(0) + m(0, 1)"
+    assert msg.splitlines()[-1].strip() == "^" and msg.splitlines()[-1].index("^") == msg.splitlines()[-2].index("v(")
+
+    @ti.kernel
+    def k2():
+        for i in x:
+            x[i] = x[i](1)
+
+    assert _compile_error(k2).splitlines()[0] == "'x[i]' is a f32 value, not a function: it cannot be called"
+
+
+def test_python_function_on_a_list_of_gpu_values_names_it():
+    """sorted([a, b]) cannot run on the GPU: the usual message, not Python's TypeError comparing
+    two IR nodes; sum() of a scalar says how to sum over a loop."""
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            x[i] = sorted([x[0], x[1]])[0]
+
+    assert _compile_error(k).splitlines()[0] == (
+        "'sorted' cannot run on GPU values in a kernel: only @ti.func, Python functions and lambdas defined "
+        "in your code, and wgpu_ad builtins can")
+
+    @ti.kernel
+    def k2():
+        for i in x:
+            x[i] = sum(x[i])
+
+    assert _compile_error(k2).splitlines()[0] == (
+        "sum() in a kernel needs a list, tuple or vector of values, got a f32 value; a sum over a loop is "
+        "written 's += ...' in a for loop")

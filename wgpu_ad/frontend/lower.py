@@ -54,11 +54,15 @@ class FuncLowerer(ast.NodeVisitor):
         return cls(msg, self.pf.loc(node))
 
     def visit(self, node):
+        return self.run_at(node, super().visit, node)
+
+    def run_at(self, node: ast.AST, fn, *args):
+        """fn(*args) with node as the IR's source location; an error without a location gets node's."""
         saved = self.b.loc
         if hasattr(node, "lineno"):
             self.b.loc = self.pf.loc(node)
         try:
-            return super().visit(node)
+            return fn(*args)
         except WgpuAdError as e:
             if isinstance(e, CompileError) and e.loc is not None:
                 raise
@@ -356,7 +360,18 @@ class FuncLowerer(ast.NodeVisitor):
         return out
 
     def visit_BinOp(self, node: ast.BinOp):
-        a, b = self.visit(node.left), self.visit(node.right)
+        # a + b + c + ... nests to the left, one level per operator: walk that spine in a loop, so
+        # a long (generated) expression does not reach Python's recursion limit (327 terms did)
+        spine = [node]
+        while isinstance(spine[-1].left, ast.BinOp):
+            spine.append(spine[-1].left)
+        acc = self.visit(spine[-1].left)
+        for n in reversed(spine):
+            acc = self.run_at(n, self._binop, n, acc)
+        return acc
+
+    def _binop(self, node: ast.BinOp, a):
+        b = self.visit(node.right)
         if isinstance(node.op, ast.MatMult):
             return self.o.matmul(a, b)
         op = _BINOPS.get(type(node.op))
