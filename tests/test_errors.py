@@ -344,3 +344,17 @@ def test_python_function_on_a_list_of_gpu_values_names_it():
     assert _compile_error(k2).splitlines()[0] == (
         "sum() in a kernel needs a list, tuple or vector of values, got a f32 value; a sum over a loop is "
         "written 's += ...' in a for loop")
+
+
+def test_misspelt_module_attribute_suggests_the_closest_name():
+    """Python's own suggestion for ti.feild was ti.ceil (edit distance counts a swap as two edits);
+    the message names ti.field, and a name from ti.math by its full spelling."""
+    for typo, hint in [("feild", "ti.field"), ("kernal", "ti.kernel"), ("Vectr", "ti.Vector"),
+                       ("ndarry", "ti.ndarray"), ("vec3", "ti.math.vec3")]:
+        with pytest.raises(AttributeError) as e:
+            getattr(ti, typo)
+        assert str(e.value) == f"module 'wgpu_ad' has no attribute '{typo}'; did you mean {hint}?"
+        assert e.value.name is None  # so Python's traceback adds no second (other) suggestion
+    with pytest.raises(AttributeError) as e:
+        ti.qwerty
+    assert str(e.value) == "module 'wgpu_ad' has no attribute 'qwerty'"
