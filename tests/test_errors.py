@@ -358,3 +358,43 @@ def test_misspelt_module_attribute_suggests_the_closest_name():
     with pytest.raises(AttributeError) as e:
         ti.qwerty
     assert str(e.value) == "module 'wgpu_ad' has no attribute 'qwerty'"
+
+
+def test_gradient_warnings_point_at_the_users_line():
+    """A GradientWarning's file and line are the user's `with ti.ad.Tape(...)` (or the kernel
+    call a tape defers), not a line inside wgpu_ad, however deep the check runs."""
+    import sys
+    import warnings
+
+    c = ti.field(ti.f32, shape=4)
+    v = ti.field(ti.f32, shape=4, needs_grad=True)
+    L = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def k():
+        for i in c:
+            L[None] += c[i] * c[i]
+
+    @ti.kernel
+    def ini_v():
+        for i in v:
+            v[i] = 1.0
+
+    @ti.kernel
+    def use_v():
+        for i in v:
+            L[None] += v[i] * c[i]
+
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with ti.ad.Tape(loss=L):
+            k()
+        line = sys._getframe().f_lineno - 2
+        with ti.ad.Tape(loss=L):
+            ini_v()
+            use_v()
+        line2 = sys._getframe().f_lineno - 3
+    w = [x for x in w if issubclass(x.category, ti.ad.GradientWarning)]
+    assert [str(x.message).split(":")[0] for x in w] == ["ti.ad.Tape", "ti.ad.Tape"]
+    assert "none of the fields read" in str(w[0].message) and "overwrites field 'v'" in str(w[1].message)
+    assert [(x.filename, x.lineno) for x in w] == [(__file__, line), (__file__, line2)]

@@ -6,19 +6,7 @@ looked up among the variables of the user's frames, the same way a reader of the
 """
 from __future__ import annotations
 
-import sys
-
-_PACKAGE = __name__.rsplit(".", 2)[0]  # "wgpu_ad"
-
-
-def _user_frames(limit: int = 12):
-    f = sys._getframe(1)
-    while f is not None and limit > 0:
-        mod = f.f_globals.get("__name__", "")
-        if mod != _PACKAGE and not mod.startswith(_PACKAGE + "."):
-            limit -= 1
-            yield f
-        f = f.f_back
+from ..user_code import user_frames
 
 
 def name_of(s) -> str | None:
@@ -29,7 +17,7 @@ def name_of(s) -> str | None:
     if getattr(s, "is_grad", False) and primal is not None:
         n = name_of(primal)
         return None if n is None else f"{n}.grad"
-    for f in _user_frames():
+    for f in user_frames():
         for scope in (f.f_locals, f.f_globals):
             for k, v in scope.items():
                 if v is s and not k.startswith("_"):
