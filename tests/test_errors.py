@@ -398,3 +398,36 @@ def test_gradient_warnings_point_at_the_users_line():
     assert [str(x.message).split(":")[0] for x in w] == ["ti.ad.Tape", "ti.ad.Tape"]
     assert "none of the fields read" in str(w[0].message) and "overwrites field 'v'" in str(w[1].message)
     assert [(x.filename, x.lineno) for x in w] == [(__file__, line), (__file__, line2)]
+
+
+class _Sim:
+    def __init__(self):
+        self.pos = ti.Vector.field(2, ti.f32)
+
+
+def test_fields_are_named_by_the_line_that_makes_them_before_any_kernel_runs():
+    """`x = ti.field(...)` names the field 'x' from the start: messages before any kernel used it
+    said "unnamed field"; as do self.x = ..., tuple assignments, annotated and multi-line ones,
+    fields placed later with ti.root, and ndarrays."""
+    grid = ti.field(ti.f32)
+    with pytest.raises(ti.WgpuAdError) as e:
+        grid.to_numpy()
+    assert str(e.value) == ("field 'grid' has no shape yet: give it shape= when creating it, or place it with "
+                            "ti.root.dense(ti.i, n).place(grid) (ti.root.place(grid) for a 0-d field)")
+    ti.root.dense(ti.i, 3).place(grid)
+    with pytest.raises(ti.WgpuAdError) as e:
+        grid.grad.to_numpy()
+    assert str(e.value).startswith("field 'grid' has no gradient: create it with needs_grad=True")
+
+    u, v = ti.field(ti.i32, shape=2), ti.Matrix.field(2, 2, ti.f32, shape=2)
+    w: ti.Field = ti.field(
+        ti.f32, shape=2)
+    arr = ti.ndarray(ti.f32, shape=4)
+    sim = _Sim()
+    unnamed = [ti.field(ti.f32, shape=2)]  # not assigned by itself: the kernel that uses it names it
+    assert [u.name, v.name, w.name, arr.name, sim.pos.name, unnamed[0].name] == ["u", "v", "w", "arr", "pos", None]
+    with pytest.raises(ti.WgpuAdError, match=r"^field 'u' has dtype i32: only float fields have gradients$"):
+        u.grad
+    with pytest.raises(ti.WgpuAdError, match=r"^field 'pos' has no shape yet"):
+        sim.pos.to_numpy()
+    assert repr(w) == "<wgpu_ad field w: f32, shape=(2,)>"

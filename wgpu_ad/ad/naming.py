@@ -1,8 +1,9 @@
 """Names for fields in autodiff messages.
 
-Fields get their user's variable name when a kernel using them is compiled; a tape may have to
-talk about a field before that (the loss, checked when the tape is entered). Then the name is
-looked up among the variables of the user's frames, the same way a reader of the code would.
+Fields are named after the variable their creating line assigns them to (`x = ti.field(...)`,
+user_code.assigned_name), and after the variable a kernel reads them by when one is compiled. A
+field made otherwise (in a list, say) may need a name before that (the loss, checked when the tape
+is entered): then it is looked up among the variables of the user's frames, as a reader would.
 """
 from __future__ import annotations
 

@@ -80,8 +80,8 @@ class FuncLowerer(ast.NodeVisitor):
                 return scope[name]
         if name in self.globals:
             v = self.globals[name]
-            if getattr(v, "name", 0) is None and hasattr(v, "gpu_buffer"):
-                v.name = name  # name fields after the user's variable, for messages and WGSL
+            if hasattr(v, "gpu_buffer") and hasattr(v, "name_after"):
+                v.name_after(name)  # name fields after the user's variable, for messages and WGSL
             return _constant(v)
         if hasattr(_pybuiltins, name):
             return getattr(_pybuiltins, name)
@@ -462,8 +462,8 @@ class FuncLowerer(ast.NodeVisitor):
             raise self.error(node, f"a scalar has no attribute '{node.attr}'")
         try:
             v = getattr(base, node.attr)
-            if getattr(v, "name", 0) is None and hasattr(v, "gpu_buffer") and not getattr(v, "is_grad", False):
-                v.name = node.attr  # a field held by an object (self.x): named after the attribute
+            if hasattr(v, "name_after") and hasattr(v, "gpu_buffer") and not getattr(v, "is_grad", False):
+                v.name_after(node.attr)  # a field held by an object (self.x): named after the attribute
             return v
         except WgpuAdError:
             raise
