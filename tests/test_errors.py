@@ -431,3 +431,4 @@ def test_fields_are_named_by_the_line_that_makes_them_before_any_kernel_runs():
     with pytest.raises(ti.WgpuAdError, match=r"^field 'pos' has no shape yet"):
         sim.pos.to_numpy()
     assert repr(w) == "<wgpu_ad field w: f32, shape=(2,)>"
+

@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import plan
 from ..errors import GpuError, KernelArgError
+from ..runtime.adapter import describe as describe_adapter
 from ..types import to_dtype
 
 _FMT = {"f32": "f", "i32": "i", "u32": "I"}
@@ -143,6 +144,46 @@ class _NoSeed:
 
     def print_tag(self, kernel: str, prints: tuple, record_words: int) -> int:
         return 0
+
+
+# ---- the adapter's binding limit ---------------------------------------------------------------------
+
+# per kind of compiled kernel: what it is, what its buffers hold, the fix (kernel: the user's name)
+_ROLES = {
+    "forward": ("kernel '{k}'", "fields and ndarrays",
+                "Split the loop into kernels that each read and write fewer fields"),
+    "adjoint": ("the adjoint of kernel '{k}' (its backward pass, run by ti.ad.Tape or {k}.grad())",
+                "fields, ndarrays and their gradients",
+                "Split the kernel into kernels that each read fewer fields with gradients"),
+    "dual": ("the forward-mode kernel of '{k}' (its values and their tangents, run by ti.ad.FwdMode)",
+             "fields, ndarrays and their duals", "Split the kernel into kernels that each read fewer fields"),
+    "checked": ("the checked launch of kernel '{k}' (the run that verifies its accesses for reverse mode)",
+                "fields, ndarrays and their shadow copies", "Split the kernel into kernels that each read fewer fields"),
+}
+
+
+def binding_limit_error(ck, kernel: str, role: str, rt) -> GpuError | None:
+    """The error for a compiled kernel (role: a key of _ROLES) one of whose tasks binds more storage
+    buffers than the device allows, which WebGPU would refuse with its raw validation text; None
+    when every task fits."""
+    limit = rt.limits.get("max-storage-buffers-per-shader-stage")
+    task = max(ck.tasks, key=lambda t: t.storage_buffers()[0], default=None)
+    if limit is None or task is None or task.storage_buffers()[0] <= limit:
+        return None
+    n, own = task.storage_buffers()
+    what, held, fix = (x.format(k=kernel) for x in _ROLES[role])
+    where = f"\n{task.loc.excerpt()}" if task.loc is not None else ""
+    parts = f"{n - own} for its {held}" + (f", {own} of wgpu_ad's own" if own else "")
+    return GpuError(f"{what} binds {n} storage buffers in one parallel loop ({parts}), but this adapter ({describe_adapter(rt.adapter)}) allows {limit} per shader (its "
+                    f"max-storage-buffers-per-shader-stage; `python -m wgpu_ad` lists its limits). {fix}, or keep "
+                    f"values that go together in one field (ti.Vector.field(n, ...) is one buffer for n "
+                    f"components){where}")
+
+
+def check_binding_limit(lc: Launcher, kernel: str, role: str, rt) -> None:
+    err = binding_limit_error(lc.ck, kernel, role, rt)
+    if err is not None:
+        raise err
 
 
 # ---- uniform words -------------------------------------------------------------------------------
