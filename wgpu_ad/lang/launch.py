@@ -364,7 +364,9 @@ def _geometry(lc: Launcher, args, src) -> tuple | None:
         return None
     if getattr(st, "is_grad", False) and getattr(st, "primal", None) is not None:
         st = st.primal
-    return st.name, tuple(st.shape), tuple(st.element_shape)
+    # an argument goes by its parameter's name (None here: the caller's label), as the kernel's source says
+    name = None if isinstance(src, (plan.Arg, plan.ArgGrad, plan.ArgDual)) else st.name
+    return name, tuple(st.shape), tuple(st.element_shape)
 
 
 def launch(lc: Launcher, args, rt):
