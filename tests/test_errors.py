@@ -274,3 +274,161 @@ def test_64_bit_types_are_refused_with_the_32_bit_name():
     with pytest.raises(AttributeError, match=r"ti.i64: .* use ti.i32$"):
         ti.i64
     assert not hasattr(ti, "float64")
+
+
+def test_scalar_argument_that_is_not_a_number_names_kernel_and_argument():
+    """A str for a ti.f32 argument: the kernel, the argument, its type and the value, not Python's
+    bare "could not convert string to float"; a TypeError, as Taichi's TaichiTypeError is."""
+    x = ti.field(ti.f32, shape=2)
+
+    @ti.kernel
+    def scale(a: ti.f32, v: ti.types.vector(2, ti.f32)):
+        x[0] = a * v[0]
+
+    with pytest.raises(ti.KernelArgError) as e:
+        scale("four", [1.0, 2.0])
+    assert str(e.value) == "kernel 'scale': argument 'a' must be a f32 number, got str 'four'"
+    assert isinstance(e.value, TypeError) and isinstance(e.value, ti.TaichiTypeError)
+    with pytest.raises(ti.KernelArgError) as e:
+        scale(4.0, ["one", "two"])
+    assert str(e.value) == "kernel 'scale': argument 'v' must be 2 f32 numbers, got list ['one', 'two']"
+    scale(4, (1.5, 2.0))  # numbers still pass, ints for floats included
+    assert x.to_numpy()[0] == 6.0
+
+
+def test_calling_a_vector_suggests_indexing_it():
+    """v(0) reads like an index to some; the message says to index with [...], not Python's
+    "unhashable type: 'Mat'" from inside the compiler."""
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            v = ti.Vector([1.0, 2.0])
+            m = ti.Matrix([[1.0, 0.0], [0.0, 1.0]])
+            x[i] = v(0) + m(0, 1)
+
+    msg = _compile_error(k)
+    assert msg.splitlines()[0] == ("'v' is a vector, not a function: it cannot be called; to read an entry, "
+                                   "index it with square brackets: v[0]")
+    assert ", in k" in msg and msg.splitlines()[-2].strip() == "x[i] = v(0) + m(0, 1)"
+    assert msg.splitlines()[-1].strip() == "^" and msg.splitlines()[-1].index("^") == msg.splitlines()[-2].index("v(")
+
+    @ti.kernel
+    def k2():
+        for i in x:
+            x[i] = x[i](1)
+
+    assert _compile_error(k2).splitlines()[0] == "'x[i]' is a f32 value, not a function: it cannot be called"
+
+
+def test_python_function_on_a_list_of_gpu_values_names_it():
+    """sorted([a, b]) cannot run on the GPU: the usual message, not Python's TypeError comparing
+    two IR nodes; sum() of a scalar says how to sum over a loop."""
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def k():
+        for i in x:
+            x[i] = sorted([x[0], x[1]])[0]
+
+    assert _compile_error(k).splitlines()[0] == (
+        "'sorted' cannot run on GPU values in a kernel: only @ti.func, Python functions and lambdas defined "
+        "in your code, and wgpu_ad builtins can")
+
+    @ti.kernel
+    def k2():
+        for i in x:
+            x[i] = sum(x[i])
+
+    assert _compile_error(k2).splitlines()[0] == (
+        "sum() in a kernel needs a list, tuple or vector of values, got a f32 value; a sum over a loop is "
+        "written 's += ...' in a for loop")
+
+
+def test_misspelt_module_attribute_suggests_the_closest_name():
+    """Python's own suggestion for ti.feild was ti.ceil (edit distance counts a swap as two edits);
+    the message names ti.field, and a name from ti.math by its full spelling."""
+    for typo, hint in [("feild", "ti.field"), ("kernal", "ti.kernel"), ("Vectr", "ti.Vector"),
+                       ("ndarry", "ti.ndarray"), ("vec3", "ti.math.vec3")]:
+        with pytest.raises(AttributeError) as e:
+            getattr(ti, typo)
+        assert str(e.value) == f"module 'wgpu_ad' has no attribute '{typo}'; did you mean {hint}?"
+        assert e.value.name is None  # so Python's traceback adds no second (other) suggestion
+    with pytest.raises(AttributeError) as e:
+        ti.qwerty
+    assert str(e.value) == "module 'wgpu_ad' has no attribute 'qwerty'"
+
+
+def test_gradient_warnings_point_at_the_users_line():
+    """A GradientWarning's file and line are the user's `with ti.ad.Tape(...)` (or the kernel
+    call a tape defers), not a line inside wgpu_ad, however deep the check runs."""
+    import sys
+    import warnings
+
+    c = ti.field(ti.f32, shape=4)
+    v = ti.field(ti.f32, shape=4, needs_grad=True)
+    L = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def k():
+        for i in c:
+            L[None] += c[i] * c[i]
+
+    @ti.kernel
+    def ini_v():
+        for i in v:
+            v[i] = 1.0
+
+    @ti.kernel
+    def use_v():
+        for i in v:
+            L[None] += v[i] * c[i]
+
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with ti.ad.Tape(loss=L):
+            k()
+        line = sys._getframe().f_lineno - 2
+        with ti.ad.Tape(loss=L):
+            ini_v()
+            use_v()
+        line2 = sys._getframe().f_lineno - 3
+    w = [x for x in w if issubclass(x.category, ti.ad.GradientWarning)]
+    assert [str(x.message).split(":")[0] for x in w] == ["ti.ad.Tape", "ti.ad.Tape"]
+    assert "none of the fields read" in str(w[0].message) and "overwrites field 'v'" in str(w[1].message)
+    assert [(x.filename, x.lineno) for x in w] == [(__file__, line), (__file__, line2)]
+
+
+class _Sim:
+    def __init__(self):
+        self.pos = ti.Vector.field(2, ti.f32)
+
+
+def test_fields_are_named_by_the_line_that_makes_them_before_any_kernel_runs():
+    """`x = ti.field(...)` names the field 'x' from the start: messages before any kernel used it
+    said "unnamed field"; as do self.x = ..., tuple assignments, annotated and multi-line ones,
+    fields placed later with ti.root, and ndarrays."""
+    grid = ti.field(ti.f32)
+    with pytest.raises(ti.WgpuAdError) as e:
+        grid.to_numpy()
+    assert str(e.value) == ("field 'grid' has no shape yet: give it shape= when creating it, or place it with "
+                            "ti.root.dense(ti.i, n).place(grid) (ti.root.place(grid) for a 0-d field)")
+    ti.root.dense(ti.i, 3).place(grid)
+    with pytest.raises(ti.WgpuAdError) as e:
+        grid.grad.to_numpy()
+    assert str(e.value).startswith("field 'grid' has no gradient: create it with needs_grad=True")
+
+    u, v = ti.field(ti.i32, shape=2), ti.Matrix.field(2, 2, ti.f32, shape=2)
+    w: ti.Field = ti.field(
+        ti.f32, shape=2)
+    arr = ti.ndarray(ti.f32, shape=4)
+    sim = _Sim()
+    unnamed = [ti.field(ti.f32, shape=2)]  # not assigned by itself: the kernel that uses it names it
+    assert [u.name, v.name, w.name, arr.name, sim.pos.name, unnamed[0].name] == ["u", "v", "w", "arr", "pos", None]
+    with pytest.raises(ti.WgpuAdError, match=r"^field 'u' has dtype i32: only float fields have gradients$"):
+        u.grad
+    with pytest.raises(ti.WgpuAdError, match=r"^field 'pos' has no shape yet"):
+        sim.pos.to_numpy()
+    assert repr(w) == "<wgpu_ad field w: f32, shape=(2,)>"
+

@@ -2,6 +2,8 @@
 
 `import wgpu_ad as ti` runs Taichi programs of the supported subset unchanged.
 """
+import sys as _sys
+
 from . import ad
 from .ad import Tape, clear_all_gradients, grad_for, grad_replaced, no_grad
 from .compiler import CompileOptions
@@ -85,4 +87,29 @@ def __getattr__(name: str):
     if name in ("f64", "float64", "i64", "int64", "u64", "uint64"):  # `real = ti.f64` in Taichi programs
         raise AttributeError(f"ti.{name}: WebGPU shaders have no 64-bit numbers, so wgpu_ad computes in 32 bits; "
                              f"use ti.{'f32' if name[0] == 'f' else name[0] + '32'}")
-    raise AttributeError(f"module 'wgpu_ad' has no attribute {name!r}")
+    hint = _did_you_mean(name)
+    # obj= set: Python adds no suggestion of its own (its edit distance offers ti.ceil for ti.feild)
+    raise AttributeError(f"module 'wgpu_ad' has no attribute {name!r}" + (f"; did you mean {hint}?" if hint else ""),
+                         obj=_sys.modules[__name__])
+
+
+def _did_you_mean(name: str) -> str | None:
+    """'ti.field' for 'feild', 'ti.math.vec3' for 'vec3': the closest public name, one with the same
+    letters first (a swap of two letters is the commonest typo)."""
+    import difflib
+    import types as _types
+    own = [n for n, v in globals().items() if not n.startswith("_") and n != "annotations"
+           and (not isinstance(v, _types.ModuleType) or n in ("ad", "math", "types"))] + ["GUI", "ui"]
+    pool = {n: f"ti.{n}" for n in own}
+    for n in dir(math):
+        if not n.startswith("_") and n != "annotations":
+            pool.setdefault(n, f"ti.math.{n}")
+    if name in pool:
+        return pool[name]
+    close = difflib.get_close_matches(name, list(pool), n=5, cutoff=0.7)
+    same = [c for c in close if sorted(c) == sorted(name)]
+    if same or not close:
+        return pool[same[0]] if same else None
+    ratio = lambda c: difflib.SequenceMatcher(None, name, c).ratio()  # noqa: E731
+    ties = [c for c in close if ratio(c) == ratio(close[0]) and (c == close[0] or c.lower() != close[0].lower())]
+    return " or ".join(pool[c] for c in ties[:2])

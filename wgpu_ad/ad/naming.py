@@ -1,24 +1,13 @@
 """Names for fields in autodiff messages.
 
-Fields get their user's variable name when a kernel using them is compiled; a tape may have to
-talk about a field before that (the loss, checked when the tape is entered). Then the name is
-looked up among the variables of the user's frames, the same way a reader of the code would.
+Fields are named after the variable their creating line assigns them to (`x = ti.field(...)`,
+user_code.assigned_name), and after the variable a kernel reads them by when one is compiled. A
+field made otherwise (in a list, say) may need a name before that (the loss, checked when the tape
+is entered): then it is looked up among the variables of the user's frames, as a reader would.
 """
 from __future__ import annotations
 
-import sys
-
-_PACKAGE = __name__.rsplit(".", 2)[0]  # "wgpu_ad"
-
-
-def _user_frames(limit: int = 12):
-    f = sys._getframe(1)
-    while f is not None and limit > 0:
-        mod = f.f_globals.get("__name__", "")
-        if mod != _PACKAGE and not mod.startswith(_PACKAGE + "."):
-            limit -= 1
-            yield f
-        f = f.f_back
+from ..user_code import user_frames
 
 
 def name_of(s) -> str | None:
@@ -29,7 +18,7 @@ def name_of(s) -> str | None:
     if getattr(s, "is_grad", False) and primal is not None:
         n = name_of(primal)
         return None if n is None else f"{n}.grad"
-    for f in _user_frames():
+    for f in user_frames():
         for scope in (f.f_locals, f.f_globals):
             for k, v in scope.items():
                 if v is s and not k.startswith("_"):

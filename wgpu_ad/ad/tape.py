@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import warnings
 from dataclasses import dataclass, field as dc_field
 from typing import Any, Callable
 
 from ..errors import AutodiffUsageError, WgpuAdError
 from .. import session
+from ..user_code import warn
 from .naming import describe, quoted
 
 
@@ -418,11 +418,10 @@ def check_flow(entries: list[TapeEntry], loss) -> None:
     _warn_initialisers(infos)
     if loss is not None and infos and not any(loss is w for _, _, ws, _ in infos for w in ws):
         # Taichi gives zero gradients here, and so do we; the warning says why
-        warnings.warn(
+        warn(
             f"ti.ad.Tape(loss=...): no kernel launched inside the tape writes the loss {describe(loss)}, so "
             f"every gradient is zero. Compute the loss in a kernel called inside the `with` block "
-            f"(Python-scope assignments such as {_n(loss)}[None] = ... are not recorded)", GradientWarning,
-            stacklevel=4)
+            f"(Python-scope assignments such as {_n(loss)}[None] = ... are not recorded)", GradientWarning)
         return
     # Fields computed on the tape from something with a gradient, but without one themselves.
     dependent: dict[int, TapeEntry] = {}
@@ -451,10 +450,10 @@ def check_flow(entries: list[TapeEntry], loss) -> None:
             read = f"they read {', '.join(names)}" if names else "they read no float fields"
             # Taichi gives zero gradients here, and so do we (the loss may truly not depend on
             # anything with a gradient); the warning says why, in case that was not meant
-            warnings.warn(
+            warn(
                 f"ti.ad.Tape: none of the fields read by the kernels on the tape has a gradient ({read}), so "
                 f"every gradient stays zero. If gradients were wanted, create those fields with "
-                f"needs_grad=True (or call ti.root.lazy_grad() before the tape)", GradientWarning, stacklevel=4)
+                f"needs_grad=True (or call ti.root.lazy_grad() before the tape)", GradientWarning)
 
 
 def _warn_initialisers(infos: list) -> None:
@@ -471,13 +470,13 @@ def _warn_initialisers(infos: list) -> None:
                 continue
             for later, later_reads, later_writes, _ in infos[n + 1:]:
                 if any(r is obj for r in later_reads):
-                    warnings.warn(
+                    warn(
                         f"ti.ad.Tape: kernel '{e.name}' overwrites {describe(obj)} inside the tape with values "
                         f"that carry no gradient, and kernel '{later.name}' reads them: after the backward pass "
                         f"{quoted(obj)}.grad is the gradient with respect to its value before '{e.name}' ran, "
                         f"which nothing read, so zero. To get the gradient with respect to the values "
                         f"'{e.name}' writes, run '{e.name}' before the tape (outside the `with` block)",
-                        GradientWarning, stacklevel=4)
+                        GradientWarning)
                     return
                 if any(w is obj for w in later_writes):
                     break  # written again (e.g. accumulated into) before anything read it

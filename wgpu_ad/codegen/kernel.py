@@ -82,7 +82,8 @@ def generate(kernel: Kernel, *, float_atomics: bool, debug: bool, workgroup_size
         wgsl, bindings = em.module()
         checked |= em.checks_loops
         tasks.append(CompiledTask(name=task.name or f"{kernel.name}_t{k}", wgsl=wgsl, entry_point="main",
-                                  workgroup_size=em.wg, bindings=bindings, serial=em.serial))
+                                  workgroup_size=em.wg, bindings=bindings, serial=em.serial,
+                                  loc=next((s.loc for s in walk_task(task) if s.loc is not None), None)))
         plans.append(task_plan(task, em.serial, em.wg, em.stack_caps, em.one_pass, em.task_cap))
     launch_plan = plan.LaunchPlan(words=words_of(kernel), buffers=tuple(b.source for b in kernel.buffers),
                                   tasks=tuple(plans), grid_cap=grid_cap or DEFAULT_GRID_CAP, prints=prints)

@@ -54,11 +54,15 @@ class FuncLowerer(ast.NodeVisitor):
         return cls(msg, self.pf.loc(node))
 
     def visit(self, node):
+        return self.run_at(node, super().visit, node)
+
+    def run_at(self, node: ast.AST, fn, *args):
+        """fn(*args) with node as the IR's source location; an error without a location gets node's."""
         saved = self.b.loc
         if hasattr(node, "lineno"):
             self.b.loc = self.pf.loc(node)
         try:
-            return super().visit(node)
+            return fn(*args)
         except WgpuAdError as e:
             if isinstance(e, CompileError) and e.loc is not None:
                 raise
@@ -76,8 +80,8 @@ class FuncLowerer(ast.NodeVisitor):
                 return scope[name]
         if name in self.globals:
             v = self.globals[name]
-            if getattr(v, "name", 0) is None and hasattr(v, "gpu_buffer"):
-                v.name = name  # name fields after the user's variable, for messages and WGSL
+            if hasattr(v, "gpu_buffer") and hasattr(v, "name_after"):
+                v.name_after(name)  # name fields after the user's variable, for messages and WGSL
             return _constant(v)
         if hasattr(_pybuiltins, name):
             return getattr(_pybuiltins, name)
@@ -356,7 +360,18 @@ class FuncLowerer(ast.NodeVisitor):
         return out
 
     def visit_BinOp(self, node: ast.BinOp):
-        a, b = self.visit(node.left), self.visit(node.right)
+        # a + b + c + ... nests to the left, one level per operator: walk that spine in a loop, so
+        # a long (generated) expression does not reach Python's recursion limit (327 terms did)
+        spine = [node]
+        while isinstance(spine[-1].left, ast.BinOp):
+            spine.append(spine[-1].left)
+        acc = self.visit(spine[-1].left)
+        for n in reversed(spine):
+            acc = self.run_at(n, self._binop, n, acc)
+        return acc
+
+    def _binop(self, node: ast.BinOp, a):
+        b = self.visit(node.right)
         if isinstance(node.op, ast.MatMult):
             return self.o.matmul(a, b)
         op = _BINOPS.get(type(node.op))
@@ -447,8 +462,8 @@ class FuncLowerer(ast.NodeVisitor):
             raise self.error(node, f"a scalar has no attribute '{node.attr}'")
         try:
             v = getattr(base, node.attr)
-            if getattr(v, "name", 0) is None and hasattr(v, "gpu_buffer") and not getattr(v, "is_grad", False):
-                v.name = node.attr  # a field held by an object (self.x): named after the attribute
+            if hasattr(v, "name_after") and hasattr(v, "gpu_buffer") and not getattr(v, "is_grad", False):
+                v.name_after(node.attr)  # a field held by an object (self.x): named after the attribute
             return v
         except WgpuAdError:
             raise

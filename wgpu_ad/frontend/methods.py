@@ -8,7 +8,7 @@ import types
 from ..errors import UnsupportedError
 from ..ir.nodes import Stmt
 from ..ir.ops import Op
-from ..types import DType, MatrixType, VectorType, f32, i32, to_dtype
+from ..types import DType, MatrixType, VectorType, f32, i32, to_dtype, u1
 from . import builtins as B
 from .inline import NUMERIC_MODULES, PlainFunc, inline_func, inlinable, module_root
 from .printing import lower_print
@@ -217,6 +217,8 @@ def lower_call(fl, node: ast.Call):
         callee = MatMethod(base, node.func.attr, node) if isinstance(base, Mat) else fl._attr_value(base, node.func)
     else:
         callee = fl.visit(node.func)
+    if isinstance(callee, (Mat, Stmt)):
+        raise fl.error(node, _not_callable(callee, node))
     if isinstance(callee, MatMethod):
         args, kwargs = _args(fl, node)
         return callee.call(fl, args, kwargs)
@@ -274,6 +276,8 @@ def lower_call(fl, node: ast.Call):
     if callee is _py.print:
         return lower_print(fl, node)
     args, kwargs = _args(fl, node)
+    if callee is _py.sum:
+        return lower_sum(fl, node, args, kwargs)
     all_static = all(is_static(a) for a in args) and all(is_static(v) for v in kwargs.values())
     if callee in (_py.int, _py.float):
         dt = i32 if callee is _py.int else f32
@@ -295,21 +299,75 @@ def lower_call(fl, node: ast.Call):
     if callee is _py.range and not all_static:
         raise fl.error(node, "range() with GPU-computed bounds can only be used as a for loop's iterable")
     if callee in B.PY_BUILTINS:
-        if all_static:
+        if all_static and not _holds_gpu_values(args):  # max([a, b]): a list of GPU values is not static
             return callee(*args, **kwargs)
         return B.PY_BUILTINS[callee].lower(o, *args, **kwargs)
     if isinstance(callee, DType):
         return callee.np.type(args[0]).item() if all_static else o.cast(args[0], callee)
     if all_static and callable(callee):
-        return callee(*args, **kwargs)  # plain Python on compile-time values (like ti.static code)
+        try:
+            return callee(*args, **kwargs)  # plain Python on compile-time values (like ti.static code)
+        except TypeError:
+            if not _holds_gpu_values([*args, *kwargs.values()]):
+                raise
+            # sorted([a, b]) and the like: GPU values inside a list; the error below says so
     name = getattr(callee, "__name__", type(callee).__name__)
     lib = module_root(callee)
     if lib in NUMERIC_MODULES:
         raise fl.error(node, f"'{ast.unparse(node.func)}' is a {_LIBRARY_NAMES.get(lib, lib)} function and cannot run "
                              f"on GPU values in a kernel; use {_ti_equivalent(name)}")
-    origin = f" (from {lib.lstrip('_')})" if lib else ""
+    origin = f" (from {lib.lstrip('_')})" if lib and lib != "builtins" else ""
     raise fl.error(node, f"'{name}'{origin} cannot run on GPU values in a kernel: only "
                          f"@ti.func, Python functions and lambdas defined in your code, and wgpu_ad builtins can")
+
+
+def lower_sum(fl, node: ast.Call, args: list, kwargs: dict):
+    """Python's sum() over a list, tuple or vector holding kernel values: unrolled into additions,
+    left to right as Python adds (so its gradient is that of the additions)."""
+    if not 1 <= len(args) + len(kwargs) <= 2 or set(kwargs) - {"start"} or (len(args) == 2 and kwargs):
+        raise fl.error(node, "sum() takes a list, tuple or vector and an optional start value")
+    items = args[0] if args else None
+    has_start = len(args) == 2 or "start" in kwargs
+    start = args[1] if len(args) == 2 else kwargs.get("start", 0)
+    if isinstance(items, Mat):
+        if not items.is_vector:
+            raise fl.error(node, "sum() of a matrix would add its rows; for the sum of its entries write m.sum()")
+        items = items.entries
+    if not isinstance(items, (list, tuple)):
+        raise fl.error(node, f"sum() in a kernel needs a list, tuple or vector of values, got "
+                             f"{_value_kind(items)}; a sum over a loop is written 's += ...' in a for loop")
+    if is_static(start) and not _holds_gpu_values(items):
+        return _py.sum(items, start)  # all Python values: evaluated when the kernel is compiled
+    acc, first = (start, 0) if has_start or not items else (items[0], 1)
+    if isinstance(acc, Stmt) and acc.dtype == u1:
+        acc = fl.o.cast(acc, i32)  # sum([a > 0, b > 0]) counts, as in Python (True + True == 2)
+    for e in items[first:]:
+        if isinstance(e, (list, tuple)):
+            raise fl.error(node, "sum() in a kernel adds numbers, vectors or matrices, not lists")
+        acc = fl.o.binary(Op.ADD, acc, e)
+    return acc
+
+
+def _holds_gpu_values(values) -> bool:
+    """Whether a list / tuple (or one nested in it) holds values computed on the GPU."""
+    return any(not is_static(v) or (isinstance(v, (list, tuple)) and _holds_gpu_values(v)) for v in values)
+
+
+def _value_kind(v) -> str:
+    if isinstance(v, Mat):
+        return "a vector" if v.is_vector else "a matrix"
+    if isinstance(v, Stmt):
+        return f"a {v.dtype} value"
+    return f"{type(v).__name__} {v!r}"
+
+
+def _not_callable(v, node: ast.Call) -> str:
+    """v(0) on a vector: what to write instead (v[0])."""
+    name = ast.unparse(node.func)
+    msg = f"'{name}' is {_value_kind(v)}, not a function: it cannot be called"
+    if isinstance(v, Mat) and node.args and not node.keywords:
+        msg += f"; to read an entry, index it with square brackets: {name}[{', '.join(map(ast.unparse, node.args))}]"
+    return msg
 
 
 _LIBRARY_NAMES = {"numpy": "NumPy", "math": "math module", "cmath": "cmath module", "torch": "PyTorch",

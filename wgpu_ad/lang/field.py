@@ -10,6 +10,7 @@ import operator
 
 from ..types import DType
 from ..errors import WgpuAdError
+from ..user_code import assigned_name
 from . import snode as _snode
 from .storage import Storage, check_dtype, normalize_shape
 
@@ -149,6 +150,7 @@ def _make(dtype, shape, element_shape: tuple, name, needs_grad: bool, offset, wh
     if needs_dual and not dt.is_float:
         raise WgpuAdError(f"{what}: needs_dual=True needs a float dtype, got {dt}")
     f = Field(dt, None, element_shape, name)
+    f.assigned_name = assigned_name()
     if needs_grad:
         f._attach_grad()
     if needs_dual:

@@ -17,7 +17,7 @@ from .. import session as _session
 from ..errors import CompileError, KernelArgError, WgpuAdError
 from ..types import MatrixType, VectorType, to_dtype
 from .external import EXTERNALS, Externals, describe, is_external
-from .launch import Launcher, launch, overlap, storage_getter
+from .launch import Launcher, binding_limit_error, check_binding_limit, launch, overlap, storage_getter
 from . import storage as _storage
 from .keep import LaunchKeep
 from .ndarray import Ndarray
@@ -258,8 +258,9 @@ class Kernel:
         lc = self._cache.get(full)
         if lc is None:
             from ..compiler.driver import compile_kernel
-            lc = self._cache[full] = Launcher(compile_kernel(self.fn, self.__name__, specs, self.ret_dtype, opts),
-                                              specs)
+            lc = Launcher(compile_kernel(self.fn, self.__name__, specs, self.ret_dtype, opts), specs)
+            check_binding_limit(lc, self.__name__, "forward", rt)
+            self._cache[full] = lc
         if self._scalar_only:
             self._last = (s.generation, opts, lc, specs)
         return lc, specs, rt
@@ -340,8 +341,9 @@ class Kernel:
         run = self._checked_lc.get(id(lc))
         if run is None:
             from ..compiler.driver import compile_checked
-            run = self._checked_lc[id(lc)] = Launcher(compile_checked(lc.compiled, _session.current().options),
-                                                      lc.specs)
+            run = Launcher(compile_checked(lc.compiled, _session.current().options), lc.specs)
+            check_binding_limit(run, self.__name__, "checked", _session.runtime())
+            self._checked_lc[id(lc)] = run
             run.shadow_of = [storage_getter(src.of, run.compiled.storages) for src in run.plan.shadows]
         return run
 
@@ -527,7 +529,12 @@ class Kernel:
             if g is False:
                 o = opts if check == opts.check_nan else dataclasses.replace(opts, check_nan=check)
                 c = compile_adjoint(lc.compiled, grads, o, zero, fused)
-                g = self._grad_cache[(*key, zero)] = None if c is None else Launcher(c, specs)
+                g = None if c is None else Launcher(c, specs)
+                if g is not None and fused and binding_limit_error(c.ck, self.__name__, "adjoint", rt):
+                    g = None  # too many buffers fused: the forward and the adjoint run apart, each with fewer
+                elif g is not None:
+                    check_binding_limit(g, self.__name__, "adjoint", rt)
+                self._grad_cache[(*key, zero)] = g
             if g is None or zero or not launching or g.zero_check is None:
                 return g, specs, rt
             zero = g.zero_check(args)
@@ -547,7 +554,9 @@ class Kernel:
         key = (id(lc), duals)  # the forward's Launcher stands for specs, options, epoch (see _get_grad)
         d = self._dual_cache.get(key)
         if d is None:
-            d = self._dual_cache[key] = Launcher(compile_dual(lc.compiled, duals, _session.current().options), specs)
+            d = Launcher(compile_dual(lc.compiled, duals, _session.current().options), specs)
+            check_binding_limit(d, self.__name__, "dual", rt)
+            self._dual_cache[key] = d
         return d, specs, rt
 
     def launch_fused(self, args) -> bool:

@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import plan
 from ..errors import GpuError, KernelArgError
+from ..runtime.adapter import describe as describe_adapter
 from ..types import to_dtype
 
 _FMT = {"f32": "f", "i32": "i", "u32": "I"}
@@ -152,6 +153,46 @@ class _NoSeed:
         return 0
 
 
+# ---- the adapter's binding limit ---------------------------------------------------------------------
+
+# per kind of compiled kernel: what it is, what its buffers hold, the fix (kernel: the user's name)
+_ROLES = {
+    "forward": ("kernel '{k}'", "fields and ndarrays",
+                "Split the loop into kernels that each read and write fewer fields"),
+    "adjoint": ("the adjoint of kernel '{k}' (its backward pass, run by ti.ad.Tape or {k}.grad())",
+                "fields, ndarrays and their gradients",
+                "Split the kernel into kernels that each read fewer fields with gradients"),
+    "dual": ("the forward-mode kernel of '{k}' (its values and their tangents, run by ti.ad.FwdMode)",
+             "fields, ndarrays and their duals", "Split the kernel into kernels that each read fewer fields"),
+    "checked": ("the checked launch of kernel '{k}' (the run that verifies its accesses for reverse mode)",
+                "fields, ndarrays and their shadow copies", "Split the kernel into kernels that each read fewer fields"),
+}
+
+
+def binding_limit_error(ck, kernel: str, role: str, rt) -> GpuError | None:
+    """The error for a compiled kernel (role: a key of _ROLES) one of whose tasks binds more storage
+    buffers than the device allows, which WebGPU would refuse with its raw validation text; None
+    when every task fits."""
+    limit = rt.limits.get("max-storage-buffers-per-shader-stage")
+    task = max(ck.tasks, key=lambda t: t.storage_buffers()[0], default=None)
+    if limit is None or task is None or task.storage_buffers()[0] <= limit:
+        return None
+    n, own = task.storage_buffers()
+    what, held, fix = (x.format(k=kernel) for x in _ROLES[role])
+    where = f"\n{task.loc.excerpt()}" if task.loc is not None else ""
+    parts = f"{n - own} for its {held}" + (f", {own} of wgpu_ad's own" if own else "")
+    return GpuError(f"{what} binds {n} storage buffers in one parallel loop ({parts}), but this adapter ({describe_adapter(rt.adapter)}) allows {limit} per shader (its "
+                    f"max-storage-buffers-per-shader-stage; `python -m wgpu_ad` lists its limits). {fix}, or keep "
+                    f"values that go together in one field (ti.Vector.field(n, ...) is one buffer for n "
+                    f"components){where}")
+
+
+def check_binding_limit(lc: Launcher, kernel: str, role: str, rt) -> None:
+    err = binding_limit_error(lc.ck, kernel, role, rt)
+    if err is not None:
+        raise err
+
+
 # ---- uniform words -------------------------------------------------------------------------------
 
 def _packer(kname: str, words: tuple, specs: list, prints: tuple = ()) -> Callable:
@@ -189,7 +230,7 @@ def _word_getter(kname: str, w, specs, prints: tuple = ()) -> Callable:
     if isinstance(w, plan.Component):
         c, n = w.index, w.count
         conv = float if dt.is_float else int
-        return lambda args, rt: conv(_flat(args[k], n, name)[c])
+        return lambda args, rt: conv(_flat(args[k], n, name, kname, dt)[c])
 
     def scalar(args, rt):
         v = args[k]
@@ -197,6 +238,9 @@ def _word_getter(kname: str, w, specs, prints: tuple = ()) -> Callable:
             return v
         if isinstance(v, (list, tuple)) or getattr(v, "shape", ()) != ():
             raise KernelArgError(f"kernel '{kname}': argument '{name}' must be a scalar {dt}, got {type(v).__name__}")
+        if not _is_number(v):
+            raise KernelArgError(f"kernel '{kname}': argument '{name}' must be a {dt} number, got "
+                                 f"{type(v).__name__} {_short(v)}")
         if dt.is_float:
             return float(v)
         if not float(v).is_integer():
@@ -205,11 +249,26 @@ def _word_getter(kname: str, w, specs, prints: tuple = ()) -> Callable:
     return scalar
 
 
-def _flat(v, n: int, name: str):
-    arr = np.asarray(v, dtype=np.float64).reshape(-1)
+def _flat(v, n: int, name: str, kname: str, dtype: str):
+    try:
+        arr = np.asarray(v, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise KernelArgError(f"kernel '{kname}': argument '{name}' must be {n} {dtype} numbers, got "
+                             f"{type(v).__name__} {_short(v)}") from None
     if arr.size != n:
-        raise KernelArgError(f"argument '{name}' must have {n} components, got {arr.size}")
+        raise KernelArgError(f"kernel '{kname}': argument '{name}' must have {n} components, got {arr.size}")
     return arr
+
+
+def _is_number(v) -> bool:
+    """int, float, bool, NumPy and torch scalars: what float() and int() take as a number (a str
+    such as "4" is not one: float("four") would fail far from the call)."""
+    return not isinstance(v, (str, bytes)) and (hasattr(v, "__float__") or hasattr(v, "__index__"))
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
 
 
 def _explain(kname, specs, args, e) -> str:
@@ -312,7 +371,9 @@ def _geometry(lc: Launcher, args, src) -> tuple | None:
         return None
     if getattr(st, "is_grad", False) and getattr(st, "primal", None) is not None:
         st = st.primal
-    return st.name, tuple(st.shape), tuple(st.element_shape)
+    # an argument goes by its parameter's name (None here: the caller's label), as the kernel's source says
+    name = None if isinstance(src, (plan.Arg, plan.ArgGrad, plan.ArgDual)) else st.name
+    return name, tuple(st.shape), tuple(st.element_shape)
 
 
 def launch(lc: Launcher, args, rt):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..types import DType, MatrixType, VectorType
 from ..errors import WgpuAdError
+from ..user_code import assigned_name
 from .storage import Storage, check_dtype, normalize_shape
 
 
@@ -48,6 +49,7 @@ def ndarray(dtype, shape, needs_grad: bool = False, name: str | None = None, nee
     if needs_dual and not dt.is_float:
         raise WgpuAdError(f"ti.ndarray: needs_dual=True needs a float dtype, got {dt}")
     arr = Ndarray(dt, normalize_shape(shape, "ti.ndarray"), element_shape, name)
+    arr.assigned_name = assigned_name()
     if needs_grad:
         arr._attach_grad()
     if needs_dual:

@@ -87,6 +87,8 @@ class Storage(ABC):
 
     def __init__(self, dtype: DType, shape: tuple | None, element_shape: tuple, name: str | None):
         self._name = name
+        # `x = ti.field(...)` in the user's code: 'x', for messages before a kernel names it (user_code.py)
+        self.assigned_name: str | None = None
         self.dtype = dtype
         self._shape = shape
         self.element_shape = tuple(element_shape)
@@ -120,11 +122,17 @@ class Storage(ABC):
     def name(self) -> str | None:
         if self._name is None and self.primal is not None and self.primal.name is not None:
             return f"{self.primal.name}.{'dual' if self.is_dual else 'grad'}"
-        return self._name
+        return self._name or self.assigned_name
 
     @name.setter
     def name(self, value: str | None) -> None:
         self._name = value
+
+    def name_after(self, variable: str) -> None:
+        """Take the name of the variable a kernel reads it by, unless it has one of its own (name=,
+        or a gradient's 'x.grad'); the variable its creating line assigned it to is a fallback."""
+        if self._name is None and (self.primal is None or self.primal.name is None):
+            self._name = variable
 
     def _label(self) -> str:
         """'field 'x'' for messages."""

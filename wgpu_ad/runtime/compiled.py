@@ -43,6 +43,12 @@ class CompiledTask:
     workgroup_size: int
     bindings: list[BindingSpec]
     serial: bool         # True: dispatch exactly one workgroup (the shader runs on thread 0 only)
+    loc: Any = None      # errors.SourceLoc of the user's loop it runs (its first statement), for messages
+
+    def storage_buffers(self) -> tuple[int, int]:
+        """(storage buffers it binds, how many of them are the runtime's own: error, stack ...)"""
+        own = sum(b.kind not in ("args", "buffer") for b in self.bindings)
+        return sum(b.kind != "args" for b in self.bindings), own
 
 
 @dataclass
