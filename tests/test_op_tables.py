@@ -6,10 +6,13 @@ value lowers to), that is checked too. No GPU needed.
 from __future__ import annotations
 
 import math
+import operator
+import re
 
 import numpy as np
 import pytest
 
+from wgpu_ad.errors import CompileError
 from wgpu_ad.frontend import builtins as B
 from wgpu_ad.frontend import values as V
 from wgpu_ad.ir.builder import Builder
@@ -46,37 +49,63 @@ def test_the_check_names_the_missing_op_and_the_tables():
     assert overlapping(("t._A", {Op.ADD}), ("t._B", {Op.ADD})) == ["Op.ADD is in both t._A and t._B"]
 
 
-# ---- frontend/values.py: folding compile-time constants, float-only unary ops ----------------
+# ---- frontend/fold.py: compile-time constants, folded with ir/semantics.py ------------------
 
-def test_py_unary_decides_every_unary_op():
-    check(GroupOp.Unary, ("values._PY_UNARY", V._PY_UNARY), ("values._NO_PY_UNARY", V._NO_PY_UNARY))
-
-
-def test_py_binary_decides_every_binary_op():
-    check(GroupOp.Binary, ("values._PY_BINARY", V._PY_BINARY))
-
-
-_SAMPLE = {f32: 0.7, i32: 5, u1: True}
-
-
-def _operand_dtype(op: Op):
-    return u1 if op is Op.NOT else i32 if op in GroupOp.IntOnly else f32
-
-
-@pytest.mark.parametrize("op", sorted(V._PY_UNARY, key=lambda o: o.name), ids=lambda o: o.name)
-@pytest.mark.parametrize("sign", [1, -1])
-def test_py_unary_folds_like_the_reference_semantics(op, sign):
-    dt = _operand_dtype(op)
-    x = _SAMPLE[dt] if dt == u1 else sign * _SAMPLE[dt]
-    if op in (Op.LOG, Op.SQRT, Op.RSQRT) and x < 0:
-        x = -x
-    folded = V.Ops(Builder()).unary(op, x)
-    res_dt = u1 if op is Op.NOT else dt
-    want = evaluate(op, res_dt, np.bool_(x) if dt == u1 else dt.np.type(x))
-    assert float(folded) == pytest.approx(float(want), rel=1e-6), f"_PY_UNARY[Op.{op.name}]({x})"
+# Python's own meaning of each op on Python numbers: the independent reference of the folding
+_PY = {
+    Op.NEG: operator.neg, Op.ABS: abs, Op.NOT: operator.not_, Op.BIT_NOT: operator.invert,
+    Op.SIGN: lambda x: type(x)((x > 0) - (x < 0)), Op.SIN: math.sin, Op.COS: math.cos, Op.TAN: math.tan,
+    Op.ASIN: math.asin, Op.ACOS: math.acos, Op.ATAN: math.atan, Op.TANH: math.tanh, Op.EXP: math.exp,
+    Op.LOG: math.log, Op.SQRT: math.sqrt, Op.RSQRT: lambda x: 1 / math.sqrt(x), Op.FLOOR: math.floor,
+    Op.CEIL: math.ceil, Op.ROUND: round,
+    Op.ADD: operator.add, Op.SUB: operator.sub, Op.MUL: operator.mul, Op.DIV: operator.truediv,
+    Op.FLOORDIV: operator.floordiv, Op.MOD: operator.mod, Op.POW: operator.pow, Op.ATAN2: math.atan2,
+    # ti.min(1, 2.5) is a float, of the promoted type (Python's min returns one of its arguments)
+    Op.MIN: lambda a, b: type(a + b)(min(a, b)), Op.MAX: lambda a, b: type(a + b)(max(a, b)), Op.BIT_AND: operator.and_, Op.BIT_OR: operator.or_, Op.BIT_XOR: operator.xor,
+    Op.SHL: operator.lshift, Op.SHR: operator.rshift, Op.AND: lambda a, b: bool(a and b),
+    Op.OR: lambda a, b: bool(a or b), Op.LT: operator.lt, Op.LE: operator.le, Op.GT: operator.gt,
+    Op.GE: operator.ge, Op.EQ: operator.eq, Op.NE: operator.ne,
+}
+# not folded by Ops.unary / Ops.binary: conversions go through Ops.cast, a select through Ops.select
+_NOT_FOLDED = frozenset({Op.CAST, Op.BITCAST, Op.SELECT})
 
 
-@pytest.mark.parametrize("op", sorted(GroupOp.Unary - V._NO_PY_UNARY - {Op.NOT}, key=lambda o: o.name),
+def test_the_folding_reference_decides_every_alu_op():
+    check(GroupOp.ALU, ("test_op_tables._PY", _PY), ("test_op_tables._NOT_FOLDED", _NOT_FOLDED))
+
+
+def _fold_samples(op: Op) -> list[tuple]:
+    if op in (Op.NOT, Op.AND, Op.OR):
+        return [(True,), (False,)] if op is Op.NOT else [(True, False), (3, 0), (2, 5)]
+    if op in GroupOp.IntOnly:
+        return [(-6,), (13,)] if op in GroupOp.Unary else [(13, 3), (-13, 5), (1, 40), (True, 3)]
+    if op in GroupOp.Unary:
+        xs = [0.7, -0.35, 3, 2.5] if op not in (Op.LOG, Op.SQRT, Op.RSQRT) else [0.7, 3, 2.5]
+        return [(x,) for x in xs if op not in (Op.ASIN, Op.ACOS) or abs(x) <= 1]
+    neg = (-2.5, 2.0) if op is Op.POW else (-2.5, 1.5)  # (Python's (-2.5) ** 1.5 is complex: refused)
+    return [(0.7, 0.4), neg, (7, 2), (-7, 2), (2, -2), (2, 10), (True, 2)]
+
+
+@pytest.mark.parametrize("op", sorted(set(_PY), key=lambda o: o.name), ids=lambda o: o.name)
+def test_folding_is_what_python_computes(op):
+    """A Python value folded with the IR's semantics is Python's number, of Python's type."""
+    for xs in _fold_samples(op):
+        got, want = V.Ops(Builder()).unary(op, *xs) if len(xs) == 1 else V.Ops(Builder()).binary(op, *xs), _PY[op](*xs)
+        assert type(got) is type(want), f"Op.{op.name}{xs}: {got!r} is a {type(got).__name__}, Python gives {want!r}"
+        assert got == pytest.approx(want, rel=1e-15, abs=0), f"Op.{op.name}{xs}: folded {got!r}, Python gives {want!r}"
+
+
+def test_folding_errors_are_python_s():
+    ops = V.Ops(Builder())
+    for op, xs, text in [(Op.DIV, (1.0, 0.0), "division by zero"), (Op.MOD, (5, 0), "division by zero"),
+                         (Op.LOG, (0.0,), "(math domain error)"), (Op.SQRT, (-1.0,), "(math domain error)"),
+                         (Op.EXP, (1000.0,), "(math range error)"), (Op.POW, (10.0, 400.0), "(math range error)"),
+                         (Op.POW, (-2.5, 1.5), "(math domain error)")]:
+        with pytest.raises(CompileError, match=re.escape(text)):
+            ops.unary(op, *xs) if len(xs) == 1 else ops.binary(op, *xs)
+
+
+@pytest.mark.parametrize("op", sorted(GroupOp.Unary - {Op.CAST, Op.BITCAST, Op.NOT}, key=lambda o: o.name),
                          ids=lambda o: o.name)
 def test_float_only_unary_ops_convert_an_integer_to_f32(op):
     b = Builder()
