@@ -83,6 +83,9 @@ class GroupOp:
     FloatOnly = frozenset({Op.SIN, Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.TANH, Op.EXP,
                            Op.LOG, Op.SQRT, Op.RSQRT, Op.FLOOR, Op.CEIL, Op.ROUND, Op.POW,
                            Op.ATAN2})
+    # the costly float functions: transpose.py weighs them; symmetry.py models those it lists
+    Transcendental = frozenset({Op.SIN, Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.TANH, Op.EXP,
+                                Op.LOG, Op.POW, Op.ATAN2})
     IntOnly = frozenset({Op.BIT_NOT, Op.BIT_AND, Op.BIT_OR, Op.BIT_XOR, Op.SHL, Op.SHR})
     Memory = frozenset({Op.ALLOCA, Op.LOCAL_LOAD, Op.LOCAL_STORE, Op.GLOBAL_LOAD, Op.GLOBAL_STORE,
                         Op.ATOMIC, Op.STACK_ALLOC, Op.STACK_PUSH, Op.STACK_POP})
