@@ -57,7 +57,8 @@ _PY = {
     Op.SIGN: lambda x: type(x)((x > 0) - (x < 0)), Op.SIN: math.sin, Op.COS: math.cos, Op.TAN: math.tan,
     Op.ASIN: math.asin, Op.ACOS: math.acos, Op.ATAN: math.atan, Op.TANH: math.tanh, Op.EXP: math.exp,
     Op.LOG: math.log, Op.SQRT: math.sqrt, Op.RSQRT: lambda x: 1 / math.sqrt(x), Op.FLOOR: math.floor,
-    Op.CEIL: math.ceil, Op.ROUND: round,
+    Op.CEIL: math.ceil, Op.ROUND: round, Op.ASINH: math.asinh, Op.ACOSH: math.acosh, Op.ATANH: math.atanh,
+    Op.LOG1P: math.log1p, Op.EXPM1: math.expm1,
     Op.ADD: operator.add, Op.SUB: operator.sub, Op.MUL: operator.mul, Op.DIV: operator.truediv,
     Op.FLOORDIV: operator.floordiv, Op.MOD: operator.mod, Op.POW: operator.pow, Op.ATAN2: math.atan2,
     # ti.min(1, 2.5) is a float, of the promoted type (Python's min returns one of its arguments)
@@ -80,8 +81,10 @@ def _fold_samples(op: Op) -> list[tuple]:
     if op in GroupOp.IntOnly:
         return [(-6,), (13,)] if op in GroupOp.Unary else [(13, 3), (-13, 5), (1, 40), (True, 3)]
     if op in GroupOp.Unary:
-        xs = [0.7, -0.35, 3, 2.5] if op not in (Op.LOG, Op.SQRT, Op.RSQRT) else [0.7, 3, 2.5]
-        return [(x,) for x in xs if op not in (Op.ASIN, Op.ACOS) or abs(x) <= 1]
+        xs = [0.7, -0.35, 3, 2.5, 1e-9]
+        if op in (Op.ASIN, Op.ACOS, Op.ATANH):
+            return [(x,) for x in xs if abs(x) < 1]
+        return [(x,) for x in xs if x >= {Op.LOG: 0, Op.SQRT: 0, Op.RSQRT: 0, Op.ACOSH: 1}.get(op, -1)]
     neg = (-2.5, 2.0) if op is Op.POW else (-2.5, 1.5)  # (Python's (-2.5) ** 1.5 is complex: refused)
     return [(0.7, 0.4), neg, (7, 2), (-7, 2), (2, -2), (2, 10), (True, 2)]
 
@@ -133,7 +136,7 @@ _PY_FUNCTION_CASES = [(op, f) for op, (_, fs) in sorted(B._PY_FUNCTIONS.items(),
 def test_py_function_computes_its_op_and_lowers_to_it(op, f):
     builtin, _ = B._PY_FUNCTIONS[op]
     assert B.PY_BUILTINS[f] is builtin
-    args = (0.7, 0.4) if op in GroupOp.Binary else (0.7,)
+    args = (0.7, 0.4) if op in GroupOp.Binary else (1.7,) if op is Op.ACOSH else (0.7,)
     want = evaluate(op, f32, *(np.float32(a) for a in args))
     assert f(*args) == pytest.approx(float(want), rel=1e-6), f"{f.__name__} is not Op.{op.name}"
     b = Builder()
@@ -208,3 +211,57 @@ def test_symmetry_models_exactly_the_smooth_ops_and_own_rules(op):
     else:
         with pytest.raises(symmetry._NotProven):
             _form_of(op)
+
+
+# ---- every table an ALU op needs, named where it is missing ----------------------------------
+
+def tables_missing(op: Op) -> list[str]:
+    """The tables ALU op `op` is missing from: the IR's, the compiler's, the public names and the
+    tests' references (adding an op is one entry in each)."""
+    import wgpu_ad as ti
+    from reference import NUMPY_REF
+    from wgpu_ad.codegen.ops_table import ALU
+    from wgpu_ad.ir.semantics import SEMANTICS
+    out = []
+    if op not in GroupOp.Unary | GroupOp.Binary | GroupOp.Ternary:
+        out.append("ir/ops.py GroupOp.Unary / Binary / Ternary (its arity)")
+    if op not in SEMANTICS:
+        out.append("ir/semantics.py SEMANTICS")
+    if op not in ALU:
+        out.append("codegen/ops_table.py ALU (its WGSL spelling)")
+    if not any(op in t for _, t in _DERIVATIVES):
+        out.append("passes/autodiff/rules.py PARTIALS (or OWN_RULES, or ZERO)")
+    if op not in B._PY_FUNCTIONS and op not in B._NO_PY_FUNCTION:
+        out.append("frontend/builtins.py _PY_FUNCTIONS (its ti.* function; or _NO_PY_FUNCTION)")
+    elif op in B._PY_FUNCTIONS:
+        fn = B._PY_FUNCTIONS[op][0]
+        if getattr(ti, fn.name, None) is not fn:
+            out.append(f"wgpu_ad/__init__.py (ti.{fn.name})")
+        if op in GroupOp.FloatOnly and getattr(ti.math, fn.name, None) is not fn:
+            out.append(f"lang/mathlib.py (ti.math.{fn.name})")
+    if op not in NUMPY_REF and op not in (Op.CAST, Op.BITCAST):
+        out.append("tests/reference.py NUMPY_REF")
+    if op not in _PY and op not in _NOT_FOLDED:
+        out.append("tests/test_op_tables.py _PY (Python's meaning, for the folding)")
+    return out
+
+
+@pytest.mark.parametrize("op", sorted(GroupOp.ALU, key=lambda o: o.name), ids=lambda o: o.name)
+def test_every_alu_op_is_in_every_table(op):
+    missing = tables_missing(op)
+    assert not missing, f"Op.{op.name} is missing from: " + "; ".join(missing)
+
+
+def test_a_missing_entry_is_named(monkeypatch):
+    from reference import NUMPY_REF, numpy_ref
+    from wgpu_ad.codegen import ops_table
+    from wgpu_ad.ir import semantics
+    monkeypatch.delitem(semantics.SEMANTICS, Op.ASINH)
+    monkeypatch.delitem(ops_table.ALU, Op.ASINH)
+    monkeypatch.delitem(rules.PARTIALS, Op.ASINH)
+    monkeypatch.delitem(NUMPY_REF, Op.ASINH)
+    assert tables_missing(Op.ASINH) == ["ir/semantics.py SEMANTICS", "codegen/ops_table.py ALU (its WGSL spelling)",
+                                        "passes/autodiff/rules.py PARTIALS (or OWN_RULES, or ZERO)",
+                                        "tests/reference.py NUMPY_REF"]
+    with pytest.raises(KeyError, match="Op.ASINH has no NumPy reference: add it to NUMPY_REF in tests/reference.py"):
+        numpy_ref(Op.ASINH)

@@ -245,6 +245,9 @@ SEMANTICS: dict[Op, Callable] = {
     Op.TANH: _float_only("TANH", np.tanh), Op.EXP: _float_only("EXP", np.exp),
     Op.LOG: _float_only("LOG", np.log), Op.SQRT: _float_only("SQRT", np.sqrt),
     Op.RSQRT: _float_only("RSQRT", _rsqrt),
+    Op.ASINH: _float_only("ASINH", np.arcsinh), Op.ACOSH: _float_only("ACOSH", np.arccosh),
+    Op.ATANH: _float_only("ATANH", np.arctanh), Op.LOG1P: _float_only("LOG1P", np.log1p),
+    Op.EXPM1: _float_only("EXPM1", np.expm1),
     Op.FLOOR: _float_only("FLOOR", np.floor), Op.CEIL: _float_only("CEIL", np.ceil),
     Op.ROUND: _float_only("ROUND", np.rint),  # rint rounds half to even
     Op.NOT: lambda dt, x: np.bool_(not x),

@@ -125,6 +125,12 @@ PARTIALS: dict[Op, Callable] = {
     Op.EXP: lambda d, x, r: [r],
     Op.LOG: lambda d, x, r: [over(x)],
     Op.RSQRT: lambda d, x, r: [d.mul(d.const(-0.5), d.mul(r, d.mul(r, r)))],          # -x^(-3/2) / 2
+    Op.ASINH: lambda d, x, r: [d.emit(Op.RSQRT, [d.add(d.one, d.mul(x, x))])],        # 1 / sqrt(1 + x^2)
+    # 1 / sqrt(x^2 - 1) and 1 / (1 - x^2), factored: exact near 1, where x^2 - 1 would cancel
+    Op.ACOSH: lambda d, x, r: [d.emit(Op.RSQRT, [d.mul(d.sub(x, d.one), d.add(x, d.one))])],
+    Op.ATANH: lambda d, x, r: [over(d.mul(d.sub(d.one, x), d.add(d.one, x)))],
+    Op.LOG1P: lambda d, x, r: [over(d.add(d.one, x))],                                # 1 / (1 + x)
+    Op.EXPM1: lambda d, x, r: [d.add(r, d.one)],                                      # e^x = expm1 x + 1
     Op.CAST: lambda d, x, r: [ONE if x.dtype == f32 else None],  # from an integer: no derivative
     Op.ADD: lambda d, x, y, r: [ONE, ONE],
     Op.SUB: lambda d, x, y, r: [ONE, minus(ONE)],
