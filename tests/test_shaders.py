@@ -52,14 +52,6 @@ def test_shader_loader_reads_its_folder_and_fails_loudly_without_it(tmp_path, mo
         shaders.snippets.cache_clear()
 
 
-def test_pyproject_installs_the_loader_with_its_wgsl_files():
-    tomllib = pytest.importorskip("tomllib")
-    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert conf["package-dir"]["wgpu_ad.shaders"] == "shaders"
-    assert "wgpu_ad.shaders" in conf["packages"]
-    assert "*.wgsl" in conf["package-data"]["wgpu_ad.shaders"]
-
-
 def test_an_installed_copy_finds_its_shaders(tmp_path):
     """What a non-editable install lays out (pyproject's package-dir): the checkout's shaders/ as
     wgpu_ad/shaders, its .py and .wgsl files only. Run from outside the checkout."""
