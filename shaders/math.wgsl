@@ -80,3 +80,72 @@ fn pow_u32(x: u32, e: u32) -> u32 {
     }
     return result;
 }
+
+//! snippet asinh_f32
+// asinh x = sign(x) log1p(a + a^2 / (1 + sqrt(1 + a^2))), a = |x|: accurate near 0, where
+// log(x + sqrt(x * x + 1)) (what WGSL lets asinh be) loses the digits of x; log(a) + log 2 where
+// a^2 would overflow.
+fn asinh_f32(x: f32) -> f32 {
+    let a = abs(x);
+    var r: f32;
+    if a > 1e18f {
+        r = log(a) + 0.6931472f;
+    } else {
+        let a2 = a * a;
+        r = log1p_f32(a + a2 / (1.0f + sqrt(1.0f + a2)));
+    }
+    return select(r, -r, x < 0.0f);
+}
+
+//! snippet acosh_f32
+// acosh x = log1p(t + sqrt(t (2 + t))), t = x - 1 (exact near 1, where x * x - 1 cancels);
+// log(x) + log 2 where x^2 would overflow; NaN below 1.
+fn acosh_f32(x: f32) -> f32 {
+    if !(x >= 1.0f) {
+        return bitcast<f32>(0x7fc00000u);
+    }
+    if x > 1e18f {
+        return log(x) + 0.6931472f;
+    }
+    let t = x - 1.0f;
+    return log1p_f32(t + sqrt(t * (2.0f + t)));
+}
+
+//! snippet atanh_f32
+// atanh x = sign(x) log1p(2a / (1 - a)) / 2, a = |x| (1 - a is exact near 1): accurate near 0,
+// where log((1 + x) / (1 - x)) / 2 is not; +-inf at +-1, NaN beyond.
+fn atanh_f32(x: f32) -> f32 {
+    let a = abs(x);
+    var r: f32;
+    if a < 1.0f {
+        r = 0.5f * log1p_f32(2.0f * a / (1.0f - a));
+    } else {
+        r = select(bitcast<f32>(0x7fc00000u), bitcast<f32>(0x7f800000u), a == 1.0f);
+    }
+    return select(r, -r, x < 0.0f);
+}
+
+//! snippet log1p_f32
+// log(1 + x), accurate near 0, where 1 + x drops the low digits of x and a GPU's log near 1 has
+// only an absolute error bound: 2 atanh(s), s = x / (2 + x), by its series where 1 + x is in
+// [sqrt(1/2), sqrt(2)] (|s| <= 0.1716: the terms after s^9 are below 2e-9 of the sum).
+fn log1p_f32(x: f32) -> f32 {
+    let u = 1.0f + x;
+    if !(u > 0.70710677f && u < 1.4142135f) {
+        return log(u);
+    }
+    let s = x / (2.0f + x);
+    let z = s * s;
+    return s * (2.0f + z * (0.6666667f + z * (0.4f + z * (0.2857143f + z * 0.22222222f))));
+}
+
+//! snippet expm1_f32
+// exp(x) - 1, accurate near 0, where it cancels: the Taylor series for |x| < 0.35 (the terms
+// after x^8 / 8! are below 1e-9 of the sum); exp(x) - 1 elsewhere (|exp(x) - 1| > 0.29 there).
+fn expm1_f32(x: f32) -> f32 {
+    if !(abs(x) < 0.35f) {
+        return exp(x) - 1.0f;
+    }
+    return x * (1.0f + x * (0.5f + x * (0.16666667f + x * (0.041666668f + x * (0.008333334f
+        + x * (0.0013888889f + x * (0.0001984127f + x * 0.000024801587f)))))));
+}

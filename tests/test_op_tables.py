@@ -6,10 +6,13 @@ value lowers to), that is checked too. No GPU needed.
 from __future__ import annotations
 
 import math
+import operator
+import re
 
 import numpy as np
 import pytest
 
+from wgpu_ad.errors import CompileError
 from wgpu_ad.frontend import builtins as B
 from wgpu_ad.frontend import values as V
 from wgpu_ad.ir.builder import Builder
@@ -46,37 +49,66 @@ def test_the_check_names_the_missing_op_and_the_tables():
     assert overlapping(("t._A", {Op.ADD}), ("t._B", {Op.ADD})) == ["Op.ADD is in both t._A and t._B"]
 
 
-# ---- frontend/values.py: folding compile-time constants, float-only unary ops ----------------
+# ---- frontend/fold.py: compile-time constants, folded with ir/semantics.py ------------------
 
-def test_py_unary_decides_every_unary_op():
-    check(GroupOp.Unary, ("values._PY_UNARY", V._PY_UNARY), ("values._NO_PY_UNARY", V._NO_PY_UNARY))
-
-
-def test_py_binary_decides_every_binary_op():
-    check(GroupOp.Binary, ("values._PY_BINARY", V._PY_BINARY))
-
-
-_SAMPLE = {f32: 0.7, i32: 5, u1: True}
-
-
-def _operand_dtype(op: Op):
-    return u1 if op is Op.NOT else i32 if op in GroupOp.IntOnly else f32
-
-
-@pytest.mark.parametrize("op", sorted(V._PY_UNARY, key=lambda o: o.name), ids=lambda o: o.name)
-@pytest.mark.parametrize("sign", [1, -1])
-def test_py_unary_folds_like_the_reference_semantics(op, sign):
-    dt = _operand_dtype(op)
-    x = _SAMPLE[dt] if dt == u1 else sign * _SAMPLE[dt]
-    if op in (Op.LOG, Op.SQRT, Op.RSQRT) and x < 0:
-        x = -x
-    folded = V.Ops(Builder()).unary(op, x)
-    res_dt = u1 if op is Op.NOT else dt
-    want = evaluate(op, res_dt, np.bool_(x) if dt == u1 else dt.np.type(x))
-    assert float(folded) == pytest.approx(float(want), rel=1e-6), f"_PY_UNARY[Op.{op.name}]({x})"
+# Python's own meaning of each op on Python numbers: the independent reference of the folding
+_PY = {
+    Op.NEG: operator.neg, Op.ABS: abs, Op.NOT: operator.not_, Op.BIT_NOT: operator.invert,
+    Op.SIGN: lambda x: type(x)((x > 0) - (x < 0)), Op.SIN: math.sin, Op.COS: math.cos, Op.TAN: math.tan,
+    Op.ASIN: math.asin, Op.ACOS: math.acos, Op.ATAN: math.atan, Op.TANH: math.tanh, Op.EXP: math.exp,
+    Op.LOG: math.log, Op.SQRT: math.sqrt, Op.RSQRT: lambda x: 1 / math.sqrt(x), Op.FLOOR: math.floor,
+    Op.CEIL: math.ceil, Op.ROUND: round, Op.ASINH: math.asinh, Op.ACOSH: math.acosh, Op.ATANH: math.atanh,
+    Op.LOG1P: math.log1p, Op.EXPM1: math.expm1,
+    Op.ADD: operator.add, Op.SUB: operator.sub, Op.MUL: operator.mul, Op.DIV: operator.truediv,
+    Op.FLOORDIV: operator.floordiv, Op.MOD: operator.mod, Op.POW: operator.pow, Op.ATAN2: math.atan2,
+    # ti.min(1, 2.5) is a float, of the promoted type (Python's min returns one of its arguments)
+    Op.MIN: lambda a, b: type(a + b)(min(a, b)), Op.MAX: lambda a, b: type(a + b)(max(a, b)), Op.BIT_AND: operator.and_, Op.BIT_OR: operator.or_, Op.BIT_XOR: operator.xor,
+    Op.SHL: operator.lshift, Op.SHR: operator.rshift, Op.AND: lambda a, b: bool(a and b),
+    Op.OR: lambda a, b: bool(a or b), Op.LT: operator.lt, Op.LE: operator.le, Op.GT: operator.gt,
+    Op.GE: operator.ge, Op.EQ: operator.eq, Op.NE: operator.ne,
+}
+# not folded by Ops.unary / Ops.binary: conversions go through Ops.cast, a select through Ops.select
+_NOT_FOLDED = frozenset({Op.CAST, Op.BITCAST, Op.SELECT})
 
 
-@pytest.mark.parametrize("op", sorted(GroupOp.Unary - V._NO_PY_UNARY - {Op.NOT}, key=lambda o: o.name),
+def test_the_folding_reference_decides_every_alu_op():
+    check(GroupOp.ALU, ("test_op_tables._PY", _PY), ("test_op_tables._NOT_FOLDED", _NOT_FOLDED))
+
+
+def _fold_samples(op: Op) -> list[tuple]:
+    if op in (Op.NOT, Op.AND, Op.OR):
+        return [(True,), (False,)] if op is Op.NOT else [(True, False), (3, 0), (2, 5)]
+    if op in GroupOp.IntOnly:
+        return [(-6,), (13,)] if op in GroupOp.Unary else [(13, 3), (-13, 5), (1, 40), (True, 3)]
+    if op in GroupOp.Unary:
+        xs = [0.7, -0.35, 3, 2.5, 1e-9]
+        if op in (Op.ASIN, Op.ACOS, Op.ATANH):
+            return [(x,) for x in xs if abs(x) < 1]
+        return [(x,) for x in xs if x >= {Op.LOG: 0, Op.SQRT: 0, Op.RSQRT: 0, Op.ACOSH: 1}.get(op, -1)]
+    neg = (-2.5, 2.0) if op is Op.POW else (-2.5, 1.5)  # (Python's (-2.5) ** 1.5 is complex: refused)
+    return [(0.7, 0.4), neg, (7, 2), (-7, 2), (2, -2), (2, 10), (True, 2)]
+
+
+@pytest.mark.parametrize("op", sorted(set(_PY), key=lambda o: o.name), ids=lambda o: o.name)
+def test_folding_is_what_python_computes(op):
+    """A Python value folded with the IR's semantics is Python's number, of Python's type."""
+    for xs in _fold_samples(op):
+        got, want = V.Ops(Builder()).unary(op, *xs) if len(xs) == 1 else V.Ops(Builder()).binary(op, *xs), _PY[op](*xs)
+        assert type(got) is type(want), f"Op.{op.name}{xs}: {got!r} is a {type(got).__name__}, Python gives {want!r}"
+        assert got == pytest.approx(want, rel=1e-15, abs=0), f"Op.{op.name}{xs}: folded {got!r}, Python gives {want!r}"
+
+
+def test_folding_errors_are_python_s():
+    ops = V.Ops(Builder())
+    for op, xs, text in [(Op.DIV, (1.0, 0.0), "division by zero"), (Op.MOD, (5, 0), "division by zero"),
+                         (Op.LOG, (0.0,), "(math domain error)"), (Op.SQRT, (-1.0,), "(math domain error)"),
+                         (Op.EXP, (1000.0,), "(math range error)"), (Op.POW, (10.0, 400.0), "(math range error)"),
+                         (Op.POW, (-2.5, 1.5), "(math domain error)")]:
+        with pytest.raises(CompileError, match=re.escape(text)):
+            ops.unary(op, *xs) if len(xs) == 1 else ops.binary(op, *xs)
+
+
+@pytest.mark.parametrize("op", sorted(GroupOp.Unary - {Op.CAST, Op.BITCAST, Op.NOT}, key=lambda o: o.name),
                          ids=lambda o: o.name)
 def test_float_only_unary_ops_convert_an_integer_to_f32(op):
     b = Builder()
@@ -104,7 +136,7 @@ _PY_FUNCTION_CASES = [(op, f) for op, (_, fs) in sorted(B._PY_FUNCTIONS.items(),
 def test_py_function_computes_its_op_and_lowers_to_it(op, f):
     builtin, _ = B._PY_FUNCTIONS[op]
     assert B.PY_BUILTINS[f] is builtin
-    args = (0.7, 0.4) if op in GroupOp.Binary else (0.7,)
+    args = (0.7, 0.4) if op in GroupOp.Binary else (1.7,) if op is Op.ACOSH else (0.7,)
     want = evaluate(op, f32, *(np.float32(a) for a in args))
     assert f(*args) == pytest.approx(float(want), rel=1e-6), f"{f.__name__} is not Op.{op.name}"
     b = Builder()
@@ -118,24 +150,25 @@ def test_py_builtins_is_the_python_functions_of_the_table():
     assert math.pow in B.PY_BUILTINS and abs in B.PY_BUILTINS
 
 
-# ---- passes/autodiff/rules.py: adjoint and tangent rules; forward.py: the other ops ------------
+# ---- passes/autodiff/rules.py: one derivative table for both modes; forward.py: the other ops ---
 
-def test_every_alu_op_has_an_adjoint_rule_or_a_zero_derivative():
-    check(GroupOp.ALU, ("rules.RULES", rules.RULES), ("rules.ZERO", rules.ZERO))
+_DERIVATIVES = (("rules.PARTIALS", rules.PARTIALS), ("rules.OWN_RULES", rules.OWN_RULES), ("rules.ZERO", rules.ZERO))
 
 
-def test_every_alu_op_has_a_tangent_rule_or_a_zero_derivative():
-    check(GroupOp.ALU, ("rules.JVP", rules.JVP), ("rules.ZERO", rules.ZERO))
+def test_every_alu_op_has_partials_own_rules_or_a_zero_derivative():
+    check(GroupOp.ALU, *_DERIVATIVES)
 
 
 def test_forward_mode_decides_every_op():
-    check(Op, ("rules.JVP", rules.JVP), ("rules.ZERO", rules.ZERO - {Op.RANDOM}), ("forward.CONTROL", forward.CONTROL),
+    check(Op, ("rules.PARTIALS", rules.PARTIALS), ("rules.OWN_RULES", rules.OWN_RULES),
+          ("rules.ZERO", rules.ZERO - {Op.RANDOM}), ("forward.CONTROL", forward.CONTROL),
           ("forward.CONSTANT", forward.CONSTANT), ("forward.MEMORY", forward.MEMORY),
           ("forward.NOT_IN_INPUT", forward.NOT_IN_INPUT))
 
 
-def test_differentiable_ops_have_both_rules():
-    assert set(rules.RULES) == set(rules.JVP), sorted(o.name for o in set(rules.RULES) ^ set(rules.JVP))
+def test_hand_written_rules_say_why():
+    for op, own in rules.OWN_RULES.items():
+        assert len(own.why) > 5, f"rules.OWN_RULES[Op.{op.name}] gives no reason"
 
 
 # ---- passes/autodiff/transpose.py: the cost of a pair loop's body ---------------------------
@@ -178,3 +211,57 @@ def test_symmetry_models_exactly_the_smooth_ops_and_own_rules(op):
     else:
         with pytest.raises(symmetry._NotProven):
             _form_of(op)
+
+
+# ---- every table an ALU op needs, named where it is missing ----------------------------------
+
+def tables_missing(op: Op) -> list[str]:
+    """The tables ALU op `op` is missing from: the IR's, the compiler's, the public names and the
+    tests' references (adding an op is one entry in each)."""
+    import wgpu_ad as ti
+    from reference import NUMPY_REF
+    from wgpu_ad.codegen.ops_table import ALU
+    from wgpu_ad.ir.semantics import SEMANTICS
+    out = []
+    if op not in GroupOp.Unary | GroupOp.Binary | GroupOp.Ternary:
+        out.append("ir/ops.py GroupOp.Unary / Binary / Ternary (its arity)")
+    if op not in SEMANTICS:
+        out.append("ir/semantics.py SEMANTICS")
+    if op not in ALU:
+        out.append("codegen/ops_table.py ALU (its WGSL spelling)")
+    if not any(op in t for _, t in _DERIVATIVES):
+        out.append("passes/autodiff/rules.py PARTIALS (or OWN_RULES, or ZERO)")
+    if op not in B._PY_FUNCTIONS and op not in B._NO_PY_FUNCTION:
+        out.append("frontend/builtins.py _PY_FUNCTIONS (its ti.* function; or _NO_PY_FUNCTION)")
+    elif op in B._PY_FUNCTIONS:
+        fn = B._PY_FUNCTIONS[op][0]
+        if getattr(ti, fn.name, None) is not fn:
+            out.append(f"wgpu_ad/__init__.py (ti.{fn.name})")
+        if op in GroupOp.FloatOnly and getattr(ti.math, fn.name, None) is not fn:
+            out.append(f"lang/mathlib.py (ti.math.{fn.name})")
+    if op not in NUMPY_REF and op not in (Op.CAST, Op.BITCAST):
+        out.append("tests/reference.py NUMPY_REF")
+    if op not in _PY and op not in _NOT_FOLDED:
+        out.append("tests/test_op_tables.py _PY (Python's meaning, for the folding)")
+    return out
+
+
+@pytest.mark.parametrize("op", sorted(GroupOp.ALU, key=lambda o: o.name), ids=lambda o: o.name)
+def test_every_alu_op_is_in_every_table(op):
+    missing = tables_missing(op)
+    assert not missing, f"Op.{op.name} is missing from: " + "; ".join(missing)
+
+
+def test_a_missing_entry_is_named(monkeypatch):
+    from reference import NUMPY_REF, numpy_ref
+    from wgpu_ad.codegen import ops_table
+    from wgpu_ad.ir import semantics
+    monkeypatch.delitem(semantics.SEMANTICS, Op.ASINH)
+    monkeypatch.delitem(ops_table.ALU, Op.ASINH)
+    monkeypatch.delitem(rules.PARTIALS, Op.ASINH)
+    monkeypatch.delitem(NUMPY_REF, Op.ASINH)
+    assert tables_missing(Op.ASINH) == ["ir/semantics.py SEMANTICS", "codegen/ops_table.py ALU (its WGSL spelling)",
+                                        "passes/autodiff/rules.py PARTIALS (or OWN_RULES, or ZERO)",
+                                        "tests/reference.py NUMPY_REF"]
+    with pytest.raises(KeyError, match="Op.ASINH has no NumPy reference: add it to NUMPY_REF in tests/reference.py"):
+        numpy_ref(Op.ASINH)

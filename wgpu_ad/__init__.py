@@ -16,10 +16,10 @@ TaichiSyntaxError = UnsupportedError
 TaichiTypeError = KernelArgError
 TaichiRuntimeError = KernelRuntimeError
 TaichiAssertionError = KernelAssertionError
-from .frontend.builtins import (abs, acos, asin, atan, atan2, atomic_add, atomic_and, atomic_max,
-                                atomic_min, atomic_or, atomic_sub, atomic_xor, block_local, cast, ceil, cos,
-                                exp, floor, log, max, min, pow, random, round, rsqrt, select, sin,
-                                sqrt, stop_grad, tan, tanh)
+from .frontend.builtins import (abs, acos, acosh, asin, asinh, atan, atan2, atanh, atomic_add, atomic_and,
+                                atomic_max, atomic_min, atomic_or, atomic_sub, atomic_xor, block_local, cast,
+                                ceil, cos, exp, expm1, floor, log, log1p, max, min, pow, random, round, rsqrt,
+                                select, sin, sqrt, stop_grad, tan, tanh)
 from .frontend.loops import grouped, ndrange
 from .frontend.methods import loop_config, static
 from .lang import mathlib as math

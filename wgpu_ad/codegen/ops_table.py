@@ -125,6 +125,11 @@ def _shift(sym: str) -> Callable[[Stmt, list[str]], str]:
     return spell
 
 
+def helper(name: str) -> Spelling:
+    """A float function of shaders/math.wgsl (f32; f16 converts around it)."""
+    return Spelling(f=f"{name}({{0}})", h=f"f16({name}(f32({{0}})))")
+
+
 def _cast(s: Stmt, x: list[str]) -> str:
     return convert(x[0], s.args[0].dtype, s.dtype)
 
@@ -152,6 +157,13 @@ ALU: dict[Op, Spelling | Callable[[Stmt, list[str]], str]] = {
     Op.LOG: floats("log({0})"),
     Op.SQRT: floats("sqrt({0})"),
     Op.RSQRT: floats("inverseSqrt({0})"),
+    # WGSL's asinh / acosh / atanh may be log(x + sqrt(x * x + 1.0)) ... (lavapipe's are): helpers
+    # accurate near 0 and 1, like log1p / expm1, which WGSL lacks
+    Op.ASINH: helper("asinh_f32"),
+    Op.ACOSH: helper("acosh_f32"),
+    Op.ATANH: helper("atanh_f32"),
+    Op.LOG1P: helper("log1p_f32"),
+    Op.EXPM1: helper("expm1_f32"),
     Op.FLOOR: floats("floor({0})"),
     Op.CEIL: floats("ceil({0})"),
     Op.ROUND: floats("round({0})"),               # half to even, like numpy.round
@@ -188,8 +200,9 @@ ALU: dict[Op, Spelling | Callable[[Stmt, list[str]], str]] = {
     Op.SELECT: any_type("select({2}, {1}, {0})"),   # WGSL select(if_false, if_true, cond)
 }
 
-# helper functions of shaders/math.wgsl that spellings may call
-MATH_HELPERS = ("floordiv_i32", "mod_i32", "pow_f32", "pow_i32", "pow_u32")
+# helper functions of shaders/math.wgsl that spellings may call; one a helper calls comes after it
+MATH_HELPERS = ("floordiv_i32", "mod_i32", "pow_f32", "pow_i32", "pow_u32", "asinh_f32", "acosh_f32",
+                "atanh_f32", "log1p_f32", "expm1_f32")
 
 
 def spell(s: Stmt, operands: list[str]) -> str | None:

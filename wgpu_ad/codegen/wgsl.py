@@ -695,6 +695,7 @@ class TaskEmitter:
         for name in MATH_HELPERS:
             if name in called:
                 out.append(shaders.load("math", name))
+                called |= identifiers(out[-1])  # the helpers it calls (later in MATH_HELPERS)
         for (buf_id, kind), fn_name in self.cas_helpers.items():
             out.append(shaders.load("atomics", "cas_f32", fn_name=fn_name, buf=self.buf_name[buf_id],
                                     combine=CAS_COMBINE[kind]))

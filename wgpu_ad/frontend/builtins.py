@@ -69,6 +69,11 @@ exp = _unary("exp", Op.EXP, np.exp)
 log = _unary("log", Op.LOG, np.log)
 sqrt = _unary("sqrt", Op.SQRT, np.sqrt)
 rsqrt = _unary("rsqrt", Op.RSQRT, _rsqrt)
+asinh = _unary("asinh", Op.ASINH, np.arcsinh)
+acosh = _unary("acosh", Op.ACOSH, np.arccosh)
+atanh = _unary("atanh", Op.ATANH, np.arctanh)
+log1p = _unary("log1p", Op.LOG1P, np.log1p)
+expm1 = _unary("expm1", Op.EXPM1, np.expm1)
 abs = _unary("abs", Op.ABS, np.abs)
 sign = _unary("sign", Op.SIGN, np.sign)
 floor = _with_dtype("floor", Op.FLOOR, np.floor)
@@ -230,7 +235,8 @@ _PY_FUNCTIONS = {
     Op.ASIN: (asin, [math.asin]), Op.ACOS: (acos, [math.acos]), Op.ATAN: (atan, [math.atan]),
     Op.ATAN2: (atan2, [math.atan2]), Op.TANH: (tanh, [math.tanh]), Op.EXP: (exp, [math.exp]),
     Op.LOG: (log, [math.log]), Op.SQRT: (sqrt, [math.sqrt]), Op.FLOOR: (floor, [math.floor]),
-    Op.CEIL: (ceil, [math.ceil]),
+    Op.CEIL: (ceil, [math.ceil]), Op.ASINH: (asinh, [math.asinh]), Op.ACOSH: (acosh, [math.acosh]),
+    Op.ATANH: (atanh, [math.atanh]), Op.LOG1P: (log1p, [math.log1p]), Op.EXPM1: (expm1, [math.expm1]),
 }
 # ALU ops with no Python function above, on purpose
 _NO_PY_FUNCTION = frozenset({

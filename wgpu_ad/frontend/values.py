@@ -8,8 +8,6 @@ Vectors and matrices are unrolled here, so the IR, autodiff and codegen only see
 """
 from __future__ import annotations
 
-import math
-import operator
 from dataclasses import dataclass
 
 from ..errors import CompileError
@@ -17,6 +15,7 @@ from ..ir.builder import Builder
 from ..ir.nodes import Stmt
 from ..ir.ops import GroupOp, Op
 from ..types import DType, f32, i32, promote, u1
+from .fold import fold
 
 Scalar = "Stmt | int | float | bool"
 
@@ -87,26 +86,6 @@ def dtype_of_entries(entries) -> DType:
     return dt or f32
 
 
-# Python-side evaluation of ops on compile-time constants (matches Python, like ti.static code)
-_PY_BINARY = {
-    Op.ADD: operator.add, Op.SUB: operator.sub, Op.MUL: operator.mul, Op.DIV: operator.truediv,
-    Op.FLOORDIV: operator.floordiv, Op.MOD: operator.mod, Op.POW: operator.pow,
-    Op.BIT_AND: operator.and_, Op.BIT_OR: operator.or_, Op.BIT_XOR: operator.xor,
-    Op.SHL: operator.lshift, Op.SHR: operator.rshift, Op.LT: operator.lt, Op.LE: operator.le,
-    Op.GT: operator.gt, Op.GE: operator.ge, Op.EQ: operator.eq, Op.NE: operator.ne,
-    Op.MIN: min, Op.MAX: max, Op.ATAN2: math.atan2,
-    Op.AND: lambda a, b: bool(a) and bool(b), Op.OR: lambda a, b: bool(a) or bool(b),
-}
-_SYMBOL = {Op.DIV: "/", Op.FLOORDIV: "//", Op.MOD: "%"}
-_PY_UNARY = {
-    Op.NEG: operator.neg, Op.ABS: abs, Op.NOT: operator.not_, Op.BIT_NOT: operator.invert,
-    Op.SIN: math.sin, Op.COS: math.cos, Op.TAN: math.tan, Op.ASIN: math.asin, Op.ACOS: math.acos,
-    Op.ATAN: math.atan, Op.TANH: math.tanh, Op.EXP: math.exp, Op.LOG: math.log, Op.SQRT: math.sqrt,
-    Op.RSQRT: lambda x: 1 / math.sqrt(x), Op.FLOOR: math.floor, Op.CEIL: math.ceil, Op.ROUND: round,
-    Op.SIGN: lambda x: (x > 0) - (x < 0),
-}
-# unary ops left out of _PY_UNARY on purpose: conversions go through Ops.cast, never Ops.unary
-_NO_PY_UNARY = frozenset({Op.CAST, Op.BITCAST})
 # unary ops that take only floats: an integer or boolean argument is converted to f32 first
 _FLOAT_UNARY = GroupOp.Unary & GroupOp.FloatOnly
 
@@ -157,12 +136,7 @@ class Ops:
         if isinstance(x, Mat):
             return Mat([self.unary(op, e) for e in x.entries], x.shape)
         if is_static(x):
-            try:
-                return _PY_UNARY[op](x)
-            except (ValueError, OverflowError) as e:   # math.log(0.0), math.sqrt(-1.0), math.exp(1e3)
-                raise CompileError(f"ti.{op.name.lower()}({x!r}) of a compile-time constant failed in Python "
-                                   f"({e}): its argument is a Python value, evaluated when the kernel is "
-                                   f"compiled", self.b.loc) from None
+            return fold(op, x, loc=self.b.loc)
         if op is Op.NOT:
             return self.b.emit(Op.NOT, [self.truth(x)])
         if op in _FLOAT_UNARY and not x.dtype.is_float:
@@ -175,14 +149,7 @@ class Ops:
         if isinstance(a, Mat) or isinstance(b, Mat):
             return self._elementwise(op, a, b)
         if is_static(a) and is_static(b):
-            try:
-                if op is Op.DIV and isinstance(a, int) and isinstance(b, int):
-                    return a / b
-                return _PY_BINARY[op](a, b)
-            except ZeroDivisionError:
-                raise CompileError(f"division by zero in a compile-time constant expression ({a!r} {_SYMBOL.get(op, op.name)} "
-                                   f"{b!r}): both operands are Python values, evaluated when the kernel is "
-                                   f"compiled; a float infinity is float('inf') or math.inf", self.b.loc) from None
+            return fold(op, a, b, loc=self.b.loc)
         da, db = dtype_of(a), dtype_of(b)
         if op in (Op.AND, Op.OR):
             return self.b.emit(op, [self.to_stmt(self.truth(a), u1), self.to_stmt(self.truth(b), u1)])

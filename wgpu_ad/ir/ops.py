@@ -19,6 +19,7 @@ class Op(Enum):
     NEG = auto(); ABS = auto(); SIGN = auto()
     SIN = auto(); COS = auto(); TAN = auto(); ASIN = auto(); ACOS = auto(); ATAN = auto()
     TANH = auto(); EXP = auto(); LOG = auto(); SQRT = auto(); RSQRT = auto()
+    ASINH = auto(); ACOSH = auto(); ATANH = auto(); LOG1P = auto(); EXPM1 = auto()
     FLOOR = auto(); CEIL = auto(); ROUND = auto()
     NOT = auto()          # logical not of a u1
     BIT_NOT = auto()
@@ -71,6 +72,7 @@ class AtomicKind(Enum):
 class GroupOp:
     Unary = frozenset({Op.NEG, Op.ABS, Op.SIGN, Op.SIN, Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN,
                        Op.TANH, Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.FLOOR, Op.CEIL, Op.ROUND,
+                       Op.ASINH, Op.ACOSH, Op.ATANH, Op.LOG1P, Op.EXPM1,
                        Op.NOT, Op.BIT_NOT, Op.CAST, Op.BITCAST})
     Comparison = frozenset({Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE})
     Binary = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.FLOORDIV, Op.MOD, Op.POW, Op.ATAN2,
@@ -81,8 +83,13 @@ class GroupOp:
     Commutative = frozenset({Op.ADD, Op.MUL, Op.MIN, Op.MAX, Op.BIT_AND, Op.BIT_OR, Op.BIT_XOR,
                              Op.AND, Op.OR, Op.EQ, Op.NE})
     FloatOnly = frozenset({Op.SIN, Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.TANH, Op.EXP,
+                           Op.ASINH, Op.ACOSH, Op.ATANH, Op.LOG1P, Op.EXPM1,
                            Op.LOG, Op.SQRT, Op.RSQRT, Op.FLOOR, Op.CEIL, Op.ROUND, Op.POW,
                            Op.ATAN2})
+    # the costly float functions: transpose.py weighs them; symmetry.py models those it lists
+    Transcendental = frozenset({Op.SIN, Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.TANH, Op.EXP,
+                                Op.LOG, Op.POW, Op.ATAN2, Op.ASINH, Op.ACOSH, Op.ATANH, Op.LOG1P,
+                                Op.EXPM1})
     IntOnly = frozenset({Op.BIT_NOT, Op.BIT_AND, Op.BIT_OR, Op.BIT_XOR, Op.SHL, Op.SHR})
     Memory = frozenset({Op.ALLOCA, Op.LOCAL_LOAD, Op.LOCAL_STORE, Op.GLOBAL_LOAD, Op.GLOBAL_STORE,
                         Op.ATOMIC, Op.STACK_ALLOC, Op.STACK_PUSH, Op.STACK_POP})

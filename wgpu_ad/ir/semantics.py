@@ -27,6 +27,10 @@ Conventions (WGSL / Taichi; where WGSL leaves a case undefined we pick one and s
            i32 <-> u32 keeps the bits. int -> float rounds to nearest. x -> bool is x != 0;
            bool -> number is 0 / 1.
   BITCAST  reinterprets the bits (same size only).
+
+The frontend folds Python values with this table too (frontend/fold.py), in the precisions Python
+computes in: PY_FLOAT (float64) and PY_INT (exact integers: no wrap, shifts not masked, powers
+exact). Those two are never the dtype of an IR statement.
 """
 from __future__ import annotations
 
@@ -40,9 +44,16 @@ from .ops import Op
 
 _F = np.floating
 
+# Python's numbers, for folding compile-time constants in the frontend (see the docstring)
+PY_FLOAT = DType("float", "", np.dtype(np.float64), True, True, 8)
+PY_INT = DType("int", "", np.dtype(object), False, True, 0)
+
 
 def wrap(dt: DType, v: int):
-    """An exact Python int wrapped into the 32-bit integer dtype `dt` (two's complement)."""
+    """An exact Python int wrapped into the 32-bit integer dtype `dt` (two's complement); a
+    PY_INT stays exact."""
+    if dt is PY_INT:
+        return v
     if dt.name == "i32":
         return np.int32(((v + 0x80000000) & 0xFFFFFFFF) - 0x80000000)
     if dt.name == "u32":
@@ -158,7 +169,7 @@ def _float_mod(dt, a, b):
 
 def _int_pow(dt, a, b):
     if b >= 0:
-        return wrap(dt, pow(a, b, 1 << 32))
+        return wrap(dt, pow(a, b) if dt is PY_INT else pow(a, b, 1 << 32))
     if a == 1:
         return wrap(dt, 1)
     if a == -1:
@@ -182,12 +193,16 @@ def _float_max(dt, a, b):
     return a if a > b else b
 
 
+def _shift_amount(dt, b):
+    return b if dt is PY_INT else b & 31  # (Python refuses a negative amount: ValueError)
+
+
 def _shl(dt, a, b):
-    return wrap(dt, a << (b & 31))
+    return wrap(dt, a << _shift_amount(dt, b))
 
 
 def _shr(dt, a, b):
-    n = b & 31
+    n = _shift_amount(dt, b)
     if dt.name == "u32":
         return wrap(dt, (a & 0xFFFFFFFF) >> n)
     return wrap(dt, a >> n)  # Python's >> on a negative int is arithmetic
@@ -230,6 +245,9 @@ SEMANTICS: dict[Op, Callable] = {
     Op.TANH: _float_only("TANH", np.tanh), Op.EXP: _float_only("EXP", np.exp),
     Op.LOG: _float_only("LOG", np.log), Op.SQRT: _float_only("SQRT", np.sqrt),
     Op.RSQRT: _float_only("RSQRT", _rsqrt),
+    Op.ASINH: _float_only("ASINH", np.arcsinh), Op.ACOSH: _float_only("ACOSH", np.arccosh),
+    Op.ATANH: _float_only("ATANH", np.arctanh), Op.LOG1P: _float_only("LOG1P", np.log1p),
+    Op.EXPM1: _float_only("EXPM1", np.expm1),
     Op.FLOOR: _float_only("FLOOR", np.floor), Op.CEIL: _float_only("CEIL", np.ceil),
     Op.ROUND: _float_only("ROUND", np.rint),  # rint rounds half to even
     Op.NOT: lambda dt, x: np.bool_(not x),

@@ -4,11 +4,11 @@ from __future__ import annotations
 import math as _m
 
 from ..frontend.builtins import abs  # noqa: A004
-from ..frontend.builtins import (acos, asin, atan, atan2, ceil, clamp, cos, cross, degrees,
-                                 determinant, distance, dot, exp, exp2, eye, floor, fract, inverse,
-                                 length, log, log2, max, min, mix, normalize, pow, radians, reflect,
-                                 rotation2d, round, rsqrt, sign, sin, smoothstep, sqrt, step, tan,
-                                 tanh)
+from ..frontend.builtins import (acos, acosh, asin, asinh, atan, atan2, atanh, ceil, clamp, cos, cross,
+                                 degrees, determinant, distance, dot, exp, exp2, expm1, eye, floor,
+                                 fract, inverse, length, log, log1p, log2, max, min, mix, normalize,
+                                 pow, radians, reflect, rotation2d, round, rsqrt, sign, sin,
+                                 smoothstep, sqrt, step, tan, tanh)
 from ..types import MatrixType, VectorType, f32, i32, u32
 
 pi = _m.pi

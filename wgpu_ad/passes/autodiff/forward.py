@@ -7,7 +7,8 @@ locals, `while`, `break`, `continue` and `if` are copied as they are; a mutable 
 varies gets a twin variable for its tangent, stored next to every store of the local. A load
 from a field with a dual also loads the dual; a store also stores the tangent (zero for a value
 that does not vary: the new value no longer depends on the seed); an atomic add also adds the
-tangent into the dual. The tangent rules are rules.JVP, one per op beside the adjoint rule.
+tangent into the dual. The tangents are derived from rules.PARTIALS (rules.tangent), as the
+adjoints of reverse mode are.
 """
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from ...ir.nodes import Block, Buffer, Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
 from ...types import f32
 from .demote import index_signature, parallel_keys
-from .rules import JVP, Lazy, RuleBuilder, active_values
+from .rules import DIFFERENTIABLE, Lazy, RuleBuilder, active_values, tangent
 
 
-# how each op that is not an ALU op (those are rules.JVP or rules.ZERO) is transformed
+# how each op that is not an ALU op (those are rules.DIFFERENTIABLE or rules.ZERO) is transformed
 CONTROL = frozenset({Op.IF, Op.RANGE_FOR, Op.WHILE, Op.BREAK, Op.CONTINUE, Op.RETURN, Op.ASSERT,
                      Op.LOOP_INDEX, Op.PRINT})     # copied with their blocks (print: the primal values)
 CONSTANT = frozenset({Op.CONST, Op.ARG, Op.RANDOM})  # copied; their tangent is zero
@@ -79,9 +80,6 @@ class TangentEmitter(RuleBuilder):
         if a is None and b is None:
             return None
         return self.b.emit(Op.SELECT, [c, self.zero if a is None else a, self.zero if b is None else b])
-
-    def cast_tangent(self, dx, x):
-        return dx if x.dtype == f32 else None
 
     def tangent(self, s: Stmt) -> Stmt:
         """The tangent of a primal value as a statement (a zero constant where it does not vary)."""
@@ -152,10 +150,10 @@ class TangentEmitter(RuleBuilder):
                 t.index = s.index
         elif op is Op.ATOMIC:
             self.atomic(s, n)
-        elif op in JVP and id(s) in self.active:
+        elif op in DIFFERENTIABLE and id(s) in self.active:
             ops = [self.pm[id(a)] for a in s.args]
             tangents = [self.tm.get(id(a)) for a in s.args]
-            t = JVP[op](self, *ops, n, *tangents)
+            t = tangent(self, op, ops, n, tangents)
             if t is not None and t.name is None:
                 t.name = _dual_name(s)
             self.tm[id(s)] = t

@@ -22,7 +22,7 @@ from ...ir.ops import AtomicKind, Op
 from ...types import f32, i32, u1
 from ...ir.utils import jumps_to_loop
 from .nancheck import NanChecks
-from .rules import PASS_THROUGH, RULES, Lazy, RuleBuilder, active_values
+from .rules import DIFFERENTIABLE, PASS_THROUGH, Lazy, RuleBuilder, active_values, adjoint
 
 
 class AdjointEmitter(RuleBuilder):
@@ -77,9 +77,6 @@ class AdjointEmitter(RuleBuilder):
     def div(self, a, b): return self.b.emit(Op.DIV, [a, b])
     def neg(self, a): return self.b.emit(Op.NEG, [a])
     def select(self, c, a, b): return self.b.emit(Op.SELECT, [c, a, b])
-
-    def cast_adjoint(self, g, x):
-        return g if x.dtype == f32 else None
 
     # ---- analysis ------------------------------------------------------------------------
     def analyze(self, task: Task) -> None:
@@ -243,10 +240,10 @@ class AdjointEmitter(RuleBuilder):
                         b.emit(Op.GLOBAL_STORE, [idx, b.const(0.0, f32)], None, gbuf)
             elif op is Op.ATOMIC:
                 self.rev_atomic(s)
-            elif op in RULES and id(s) in self.active:
+            elif op in DIFFERENTIABLE and id(s) in self.active:
                 g = b.load(self.adj[id(s)])
                 ops = [self.pm[id(a)] for a in s.args]
-                contribs = RULES[op](self, *ops, self.pm[id(s)], g)
+                contribs = adjoint(self, op, ops, self.pm[id(s)], g)
                 for k, (a, c) in enumerate(zip(s.args, contribs)):
                     if c is not None and id(a) in self.active:
                         c = c.fn() if isinstance(c, Lazy) else c

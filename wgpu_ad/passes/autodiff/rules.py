@@ -1,19 +1,26 @@
-"""Derivative rules, one per differentiable op, written like the math: the adjoint (RULES, reverse
-mode) and the tangent (JVP, forward mode) of each op side by side.
+"""Derivatives, one table for both modes.
 
-An adjoint rule gets the AdjointEmitter `d`, the primal statement's replayed operands `x`, `y`,
-`z`, its replayed result `r` and the incoming adjoint `g`, and returns one contribution per
-operand (None where the operand gets nothing).
+PARTIALS[op](d, *operands, r) gives the partial derivative of the op's result `r` with respect to
+each operand, written like the math: `Op.SIN: [cos x]`, `Op.MUL: [y, x]`. `d` is the emitter
+(reverse.py AdjointEmitter or forward.py TangentEmitter); its helpers emit at its position. From
+these two things are derived, for every op alike:
+  reverse mode, adjoint(): operand k receives g * partial_k (g: the result's incoming adjoint);
+  forward mode, tangent(): the result's tangent is the sum over k of partial_k * (operand k's tangent).
+A partial is a statement, or one of:
+  None            the operand gets no derivative (a select's condition, an integer cast's operand);
+  ONE             1: g itself is passed on (no multiplication);
+  minus(p)        -p: g * p is negated (g * -1 is neg(g); a tangent term is subtracted);
+  over(p)         1 / p: g is divided by p (one rounding: g / (1 + x^2), not g * (1 / (1 + x^2)));
+  d.lazy(fn)      built only where it is needed (d/dy of x**y when y varies).
 
-A tangent rule gets the TangentEmitter `d` (passes/autodiff/forward.py), the operands, the result
-`r` and then the operands' tangents `dx`, `dy`, `dz`, and returns the result's tangent. A tangent
-may be None, meaning zero: the emitter's arithmetic treats it so (`d.mul(None, c)` is None,
-`d.add(None, t)` is t), so a rule is written once for every combination of varying operands.
-
-Ops with a zero derivative (piecewise constant, integer or boolean) are listed in ZERO; every ALU
-op must be in exactly one of RULES and ZERO, and in exactly one of JVP and ZERO (tests check it).
+OWN_RULES holds the few ops whose adjoint and tangent are written by hand, each with the reason.
+ZERO holds the ops with a zero derivative (piecewise constant, integer or boolean). Every ALU op
+is in exactly one of PARTIALS, OWN_RULES and ZERO (tests/test_op_tables.py names the one missing).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 from ...ir.ops import GroupOp, Op
 from ...types import f32
@@ -55,6 +62,30 @@ class Lazy:
         self.fn = fn
 
 
+def force(v):
+    return v.fn() if isinstance(v, Lazy) else v
+
+
+class _One:
+    def __repr__(self) -> str:
+        return "ONE"
+
+
+ONE = _One()
+
+
+@dataclass(frozen=True)
+class minus:
+    """The partial -p."""
+    p: object
+
+
+@dataclass(frozen=True)
+class over:
+    """The partial 1 / p."""
+    p: object
+
+
 class RuleBuilder:
     """What the rules below call on both emitters (reverse.py AdjointEmitter, forward.py
     TangentEmitter) besides their own arithmetic: statements at the builder's position `self.b`."""
@@ -81,10 +112,51 @@ class RuleBuilder:
         return Lazy(fn)
 
 
-def _cmp_select(d, op, x, y, g):
-    """(g, 0) where x op y holds, else (0, g): min/max send the adjoint to the chosen operand."""
-    c = d.emit(op, [x, y])
-    return [d.select(c, g, d.zero), d.select(c, d.zero, g)]
+PARTIALS: dict[Op, Callable] = {
+    Op.NEG: lambda d, x, r: [minus(ONE)],
+    Op.ABS: lambda d, x, r: [d.emit(Op.SIGN, [x])],
+    Op.SIN: lambda d, x, r: [d.emit(Op.COS, [x])],
+    Op.COS: lambda d, x, r: [minus(d.emit(Op.SIN, [x]))],
+    Op.TAN: lambda d, x, r: [d.add(d.one, d.mul(r, r))],                              # 1 + tan^2 x
+    Op.ASIN: lambda d, x, r: [d.emit(Op.RSQRT, [d.sub(d.one, d.mul(x, x))])],         # 1 / sqrt(1 - x^2)
+    Op.ACOS: lambda d, x, r: [minus(d.emit(Op.RSQRT, [d.sub(d.one, d.mul(x, x))]))],
+    Op.ATAN: lambda d, x, r: [over(d.add(d.one, d.mul(x, x)))],                       # 1 / (1 + x^2)
+    Op.TANH: lambda d, x, r: [d.sub(d.one, d.mul(r, r))],                             # 1 - tanh^2 x
+    Op.EXP: lambda d, x, r: [r],
+    Op.LOG: lambda d, x, r: [over(x)],
+    Op.RSQRT: lambda d, x, r: [d.mul(d.const(-0.5), d.mul(r, d.mul(r, r)))],          # -x^(-3/2) / 2
+    Op.ASINH: lambda d, x, r: [d.emit(Op.RSQRT, [d.add(d.one, d.mul(x, x))])],        # 1 / sqrt(1 + x^2)
+    # 1 / sqrt(x^2 - 1) and 1 / (1 - x^2), factored: exact near 1, where x^2 - 1 would cancel
+    Op.ACOSH: lambda d, x, r: [d.emit(Op.RSQRT, [d.mul(d.sub(x, d.one), d.add(x, d.one))])],
+    Op.ATANH: lambda d, x, r: [over(d.mul(d.sub(d.one, x), d.add(d.one, x)))],
+    Op.LOG1P: lambda d, x, r: [over(d.add(d.one, x))],                                # 1 / (1 + x)
+    Op.EXPM1: lambda d, x, r: [d.add(r, d.one)],                                      # e^x = expm1 x + 1
+    Op.CAST: lambda d, x, r: [ONE if x.dtype == f32 else None],  # from an integer: no derivative
+    Op.ADD: lambda d, x, y, r: [ONE, ONE],
+    Op.SUB: lambda d, x, y, r: [ONE, minus(ONE)],
+    Op.MUL: lambda d, x, y, r: [y, x],
+    # d/dx x^y = y x^(y-1); d/dy x^y = x^y log x (only built where y varies)
+    Op.POW: lambda d, x, y, r: [d.mul(y, d.emit(Op.POW, [x, d.sub(y, d.one)])),
+                                d.lazy(lambda: d.mul(r, d.emit(Op.LOG, [x])))],
+    # x mod y = x - y floor(x / y)
+    Op.MOD: lambda d, x, y, r: [ONE, minus(d.lazy(lambda: d.emit(Op.FLOOR, [d.div(x, y)])))],
+}
+
+
+def _times(d, t, p):
+    """t * p for a tangent or adjoint t and a partial p (None: zero), as PARTIALS reads."""
+    if t is None or p is None:
+        return None
+    if p is ONE:
+        return t
+    if isinstance(p, minus):
+        inner = _times(d, t, p.p)
+        return Lazy(lambda: d.neg(force(inner))) if isinstance(inner, Lazy) else d.neg(inner)
+    if isinstance(p, over):
+        return d.div(t, p.p)
+    if isinstance(p, Lazy):
+        return Lazy(lambda: _times(d, t, p.fn()))
+    return d.mul(t, p)
 
 
 def _strong_zero(d, g, v):
@@ -96,88 +168,91 @@ def _strong_zero(d, g, v):
     return d.select(d.emit(Op.NE, [g, d.zero]), v, d.zero)
 
 
-def _div(d, x, y, r, g):
-    """x / y: 1 / y and -x / y^2, both infinite at y = 0. A zero adjoint contributes zero there
-    (_strong_zero): ti.select(m > 0, v / m, 0.0) at m = 0 sends 0 to the division, and its
-    gradient is then 0, not 0 * inf = NaN (seed 000)."""
+def _div_adjoint(d, x, y, r, g):
     inv = d.div(d.one, y)  # one reciprocal per divisor (see SQRT)
     return [_strong_zero(d, g, d.mul(g, inv)), _strong_zero(d, g, d.neg(d.mul(d.mul(g, r), inv)))]
 
 
-RULES = {
-    Op.NEG: lambda d, x, r, g: [d.neg(g)],
-    Op.ABS: lambda d, x, r, g: [d.mul(g, d.emit(Op.SIGN, [x]))],
-    Op.SIN: lambda d, x, r, g: [d.mul(g, d.emit(Op.COS, [x]))],
-    Op.COS: lambda d, x, r, g: [d.neg(d.mul(g, d.emit(Op.SIN, [x])))],
-    Op.TAN: lambda d, x, r, g: [d.mul(g, d.add(d.one, d.mul(r, r)))],
-    Op.ASIN: lambda d, x, r, g: [d.mul(g, d.emit(Op.RSQRT, [d.sub(d.one, d.mul(x, x))]))],
-    Op.ACOS: lambda d, x, r, g: [d.neg(d.mul(g, d.emit(Op.RSQRT, [d.sub(d.one, d.mul(x, x))])))],
-    Op.ATAN: lambda d, x, r, g: [d.div(g, d.add(d.one, d.mul(x, x)))],
-    Op.TANH: lambda d, x, r, g: [d.mul(g, d.sub(d.one, d.mul(r, r)))],
-    Op.EXP: lambda d, x, r, g: [d.mul(g, r)],
-    Op.LOG: lambda d, x, r, g: [d.div(g, x)],
-    # one reciprocal per divisor, shared by the rules through CSE (1/sqrt(x) of SQRT is the 1/y
-    # of a division by that root, as in every 1/|r| potential): fewer divisions in adjoints
-    Op.SQRT: lambda d, x, r, g: [_strong_zero(d, g, d.mul(d.mul(g, d.half), d.div(d.one, r)))],
-    Op.RSQRT: lambda d, x, r, g: [d.mul(g, d.mul(d.const(-0.5), d.mul(r, d.mul(r, r))))],
-    Op.CAST: lambda d, x, r, g: [d.cast_adjoint(g, x)],
-    Op.ADD: lambda d, x, y, r, g: [g, g],
-    Op.SUB: lambda d, x, y, r, g: [g, d.neg(g)],
-    Op.MUL: lambda d, x, y, r, g: [d.mul(g, y), d.mul(g, x)],
-    Op.DIV: _div,
-    # d/dx x^y = y x^(y-1); d/dy x^y = x^y log x (only asked for when y is active)
-    Op.POW: lambda d, x, y, r, g: [d.mul(g, d.mul(y, d.emit(Op.POW, [x, d.sub(y, d.one)]))),
-                                  d.lazy(lambda: d.mul(g, d.mul(r, d.emit(Op.LOG, [x]))))],
-    Op.ATAN2: lambda d, y, x, r, g: [d.div(d.mul(g, x), d.add(d.mul(x, x), d.mul(y, y))),
-                                    d.neg(d.div(d.mul(g, y), d.add(d.mul(x, x), d.mul(y, y))))],
-    Op.MIN: lambda d, x, y, r, g: _cmp_select(d, Op.LE, x, y, g),
-    Op.MAX: lambda d, x, y, r, g: _cmp_select(d, Op.GE, x, y, g),
-    # x mod y = x - y floor(x / y)
-    Op.MOD: lambda d, x, y, r, g: [g, d.lazy(lambda: d.neg(d.mul(g, d.emit(Op.FLOOR, [d.div(x, y)]))))],
-    Op.SELECT: lambda d, c, x, y, r, g: [None, d.select(c, g, d.zero), d.select(c, d.zero, g)],
+def _cmp_select(d, op, x, y, g):
+    """(g, 0) where x op y holds, else (0, g): min/max send the adjoint to the chosen operand."""
+    c = d.emit(op, [x, y])
+    return [d.select(c, g, d.zero), d.select(c, d.zero, g)]
+
+
+@dataclass(frozen=True)
+class Own:
+    """An op's hand-written rules: adjoint(d, *operands, r, g) -> one contribution per operand;
+    tangent(d, *operands, r, *operand_tangents) -> the result's tangent; why not PARTIALS."""
+    adjoint: Callable
+    tangent: Callable
+    why: str
+
+
+OWN_RULES: dict[Op, Own] = {
+    Op.SQRT: Own(
+        lambda d, x, r, g: [_strong_zero(d, g, d.mul(d.mul(g, d.half), d.div(d.one, r)))],
+        lambda d, x, r, dx: _strong_zero(d, dx, d.mul(d.mul(dx, d.half), d.lazy(lambda: d.div(d.one, r)))),
+        why="1 / (2 sqrt x) is inf at x = 0: a term whose adjoint or tangent is exactly 0 is left out "
+            "(|v| at v = 0, fuzz); 1 / sqrt x is the reciprocal a division by the root shares (CSE)"),
+    Op.DIV: Own(
+        _div_adjoint,
+        # (dx - r dy) / y, with the reciprocal the adjoint shares
+        lambda d, x, y, r, dx, dy: d.mul(d.sub(dx, d.mul(r, dy)), d.lazy(lambda: d.div(d.one, y))),
+        why="adjoint: 1 / y and -x / y^2 are inf at y = 0, a term with a zero adjoint is left out "
+            "(ti.select(m > 0, v / m, 0.0) at m = 0, seed 000); tangent: one reciprocal for both terms"),
+    Op.ATAN2: Own(
+        lambda d, y, x, r, g: [d.div(d.mul(g, x), d.add(d.mul(x, x), d.mul(y, y))),
+                               d.neg(d.div(d.mul(g, y), d.add(d.mul(x, x), d.mul(y, y))))],
+        lambda d, y, x, r, dy, dx: d.div(d.sub(d.mul(x, dy), d.mul(y, dx)), d.add(d.mul(x, x), d.mul(y, y))),
+        why="g x / (x^2 + y^2) and (x dy - y dx) / (x^2 + y^2) divide once, after the product; "
+            "the partials x / (x^2 + y^2) would round differently"),
+    Op.MIN: Own(
+        lambda d, x, y, r, g: _cmp_select(d, Op.LE, x, y, g),
+        lambda d, x, y, r, dx, dy: d.select(d.emit(Op.LE, [x, y]), dx, dy),
+        why="routes the adjoint or tangent to the chosen operand (the first on a tie) with a select; "
+            "g * 0 for the other would be NaN for an infinite g"),
+    Op.MAX: Own(
+        lambda d, x, y, r, g: _cmp_select(d, Op.GE, x, y, g),
+        lambda d, x, y, r, dx, dy: d.select(d.emit(Op.GE, [x, y]), dx, dy),
+        why="as MIN"),
+    Op.SELECT: Own(
+        lambda d, c, x, y, r, g: [None, d.select(c, g, d.zero), d.select(c, d.zero, g)],
+        lambda d, c, x, y, r, dc, dx, dy: d.select(c, dx, dy),
+        why="as MIN: the branch not taken gets 0, not 0 * g (NaN for an infinite g)"),
 }
 
-# tangents: d r = sum over operands of (d r / d operand) * d operand
-JVP = {
-    Op.NEG: lambda d, x, r, dx: d.neg(dx),
-    Op.ABS: lambda d, x, r, dx: d.mul(dx, d.emit(Op.SIGN, [x])),
-    Op.SIN: lambda d, x, r, dx: d.mul(dx, d.emit(Op.COS, [x])),
-    Op.COS: lambda d, x, r, dx: d.neg(d.mul(dx, d.emit(Op.SIN, [x]))),
-    Op.TAN: lambda d, x, r, dx: d.mul(dx, d.add(d.one, d.mul(r, r))),
-    Op.ASIN: lambda d, x, r, dx: d.mul(dx, d.emit(Op.RSQRT, [d.sub(d.one, d.mul(x, x))])),
-    Op.ACOS: lambda d, x, r, dx: d.neg(d.mul(dx, d.emit(Op.RSQRT, [d.sub(d.one, d.mul(x, x))]))),
-    Op.ATAN: lambda d, x, r, dx: d.div(dx, d.add(d.one, d.mul(x, x))),
-    Op.TANH: lambda d, x, r, dx: d.mul(dx, d.sub(d.one, d.mul(r, r))),
-    Op.EXP: lambda d, x, r, dx: d.mul(dx, r),
-    Op.LOG: lambda d, x, r, dx: d.div(dx, x),
-    # one reciprocal per divisor, as in the adjoint rules: 1/sqrt(x) here is the 1/y of DIV's
-    # rule when the root divides (every 1/|r| potential), so CSE leaves one division for both
-    Op.SQRT: lambda d, x, r, dx: _strong_zero(d, dx, d.mul(d.mul(dx, d.half), d.lazy(lambda: d.div(d.one, r)))),
-    Op.RSQRT: lambda d, x, r, dx: d.mul(dx, d.mul(d.const(-0.5), d.mul(r, d.mul(r, r)))),
-    Op.CAST: lambda d, x, r, dx: d.cast_tangent(dx, x),
-    Op.ADD: lambda d, x, y, r, dx, dy: d.add(dx, dy),
-    Op.SUB: lambda d, x, y, r, dx, dy: d.sub(dx, dy),
-    Op.MUL: lambda d, x, y, r, dx, dy: d.add(d.mul(dx, y), d.mul(x, dy)),
-    # (dx - r dy) / y
-    Op.DIV: lambda d, x, y, r, dx, dy: d.mul(d.sub(dx, d.mul(r, dy)), d.lazy(lambda: d.div(d.one, y))),
-    # d x^y = y x^(y-1) dx + x^y log(x) dy (the log only where y varies)
-    Op.POW: lambda d, x, y, r, dx, dy: d.add(d.mul(dx, d.mul(y, d.emit(Op.POW, [x, d.sub(y, d.one)]))),
-                                            d.mul(dy, d.lazy(lambda: d.mul(r, d.emit(Op.LOG, [x]))))),
-    Op.ATAN2: lambda d, y, x, r, dy, dx: d.div(d.sub(d.mul(x, dy), d.mul(y, dx)), d.add(d.mul(x, x), d.mul(y, y))),
-    # the chosen operand's tangent, with the reverse rules' tie-breaking (the first operand)
-    Op.MIN: lambda d, x, y, r, dx, dy: d.select(d.emit(Op.LE, [x, y]), dx, dy),
-    Op.MAX: lambda d, x, y, r, dx, dy: d.select(d.emit(Op.GE, [x, y]), dx, dy),
-    # x mod y = x - y floor(x / y)
-    Op.MOD: lambda d, x, y, r, dx, dy: d.sub(dx, d.mul(dy, d.lazy(lambda: d.emit(Op.FLOOR, [d.div(x, y)])))),
-    Op.SELECT: lambda d, c, x, y, r, dc, dx, dy: d.select(c, dx, dy),
-}
 
-# rules whose contributions are the incoming adjoint itself, negated, times a sign or zero: finite
+def adjoint(d, op: Op, ops: list, r, g) -> list:
+    """The contributions of statement op(*ops) = r with incoming adjoint g to its operands (None:
+    nothing; a Lazy: built only when the operand needs it)."""
+    own = OWN_RULES.get(op)
+    if own is not None:
+        return own.adjoint(d, *ops, r, g)
+    return [_times(d, g, p) for p in PARTIALS[op](d, *ops, r)]
+
+
+def tangent(d, op: Op, ops: list, r, tangents: list):
+    """The tangent of statement op(*ops) = r given its operands' tangents (None: zero)."""
+    own = OWN_RULES.get(op)
+    if own is not None:
+        return own.tangent(d, *ops, r, *tangents)
+    acc = None
+    for p, t in zip(PARTIALS[op](d, *ops, r), tangents):
+        if isinstance(p, minus):
+            acc = d.sub(acc, force(_times(d, t, p.p)))
+        else:
+            acc = d.add(acc, force(_times(d, t, p)))
+    return acc
+
+
+# ops whose contributions are the incoming adjoint itself, negated, times a sign or zero: finite
 # wherever it is, so the NaN check (nancheck.py) does not test them
 PASS_THROUGH = frozenset({Op.NEG, Op.ABS, Op.CAST, Op.ADD, Op.SUB, Op.MIN, Op.MAX, Op.SELECT})
 
 # zero derivative almost everywhere, or not real-valued
 ZERO = GroupOp.NotDifferentiable | frozenset({Op.FLOORDIV})
 
-assert not (set(RULES) & ZERO), "an op is both differentiable and zero-gradient"
-assert not (set(JVP) & ZERO), "an op has a tangent rule and a zero derivative"
+DIFFERENTIABLE = frozenset(PARTIALS) | frozenset(OWN_RULES)
+
+assert not (set(PARTIALS) & set(OWN_RULES)), "an op has both partials and hand-written rules"
+assert not (DIFFERENTIABLE & ZERO), "an op is both differentiable and zero-gradient"

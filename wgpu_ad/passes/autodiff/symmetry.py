@@ -25,7 +25,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from ...ir.nodes import Stmt, Task, walk
-from ...ir.ops import AtomicKind, Op
+from ...ir.ops import AtomicKind, GroupOp, Op
 
 MAX_TERMS = 512
 # Every ALU op is decided (a test checks it): a smooth function kept as an atom of the form ...
@@ -36,9 +36,10 @@ _OWN_RULE = frozenset({Op.ADD, Op.SUB, Op.NEG, Op.MUL, Op.DIV, Op.CAST})
 _NOT_SMOOTH = frozenset({Op.ABS, Op.SIGN, Op.FLOOR, Op.CEIL, Op.ROUND, Op.MIN, Op.MAX, Op.SELECT,
                          Op.FLOORDIV, Op.MOD, Op.NOT, Op.BIT_NOT, Op.BIT_AND, Op.BIT_OR, Op.BIT_XOR,
                          Op.SHL, Op.SHR, Op.AND, Op.OR, Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE})
-# ... or "not proven" for now: smooth where defined, but no pair kernel has needed them yet, and
-# BITCAST (ti.stop_grad), whose zero derivative a form cannot carry
-_NOT_MODELLED = frozenset({Op.ASIN, Op.ACOS, Op.ATAN, Op.ATAN2, Op.BITCAST})
+# ... or "not proven" for now: the other transcendentals (ASIN, ATAN2 ...), smooth where defined,
+# but no pair kernel has needed them yet, and BITCAST (ti.stop_grad), whose zero derivative a
+# form cannot carry
+_NOT_MODELLED = (GroupOp.Transcendental - _SMOOTH) | frozenset({Op.BITCAST})
 _I, _J = ("i",), ("j",)
 
 

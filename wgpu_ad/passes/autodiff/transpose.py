@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from ...ir.clone import clone_block
 from ...ir.nodes import Block, Kernel, Stmt, Task, walk
-from ...ir.ops import AtomicKind, Op
+from ...ir.ops import AtomicKind, GroupOp, Op
 from ..licm import licm
 from .symmetry import symmetric_terms
 
@@ -54,8 +54,7 @@ _PREFIX_OPS_REFUSED = _REFUSED_IN_LOOP | frozenset({Op.ATOMIC, Op.IF, Op.RANGE_F
                                                     Op.LOCAL_LOAD, Op.LOCAL_STORE})
 SUM_COST = 48  # what one subgroup-summed atomic add per iteration saves, in _WEIGHT units
 # the costly ops: transcendentals, divisions and roots, loads
-_WEIGHT = {**{op: 20 for op in (Op.SIN, Op.COS, Op.TAN, Op.ASIN, Op.ACOS, Op.ATAN, Op.TANH, Op.EXP,
-                                Op.LOG, Op.POW, Op.ATAN2)},
+_WEIGHT = {**{op: 20 for op in GroupOp.Transcendental},
            **{op: 4 for op in (Op.DIV, Op.FLOORDIV, Op.MOD, Op.SQRT, Op.RSQRT)},
            Op.GLOBAL_LOAD: 2}
 # one unit each: cheap arithmetic, comparisons, selects, atomic adds
