@@ -1,6 +1,6 @@
 """What a user who installed the wheel does first, run against the installed package (not the
 checkout): import, one kernel and its gradient against the analytic derivative, `python -m
-wgpu_ad`, the viewer's import and an offscreen frame, and the README's first example.
+wgpu_ad`, the viewer's import and an offscreen frame, and the README's examples (its Python blocks, in order).
 
     python tests/installed_smoke.py README.md     # from a folder outside the checkout
 
@@ -17,11 +17,12 @@ import tempfile
 from pathlib import Path
 
 
-def first_python_block(readme: Path) -> str:
-    m = re.search(r"```python\n(.*?)```", readme.read_text(encoding="utf-8"), re.S)
-    if m is None:
+def python_blocks(readme: Path) -> str:
+    """The README's Python blocks, in order, as one script (each may use what the ones before made)."""
+    blocks = re.findall(r"```python\n(.*?)```", readme.read_text(encoding="utf-8"), re.S)
+    if not blocks:
         raise SystemExit(f"{readme}: no ```python block")
-    return m.group(1)
+    return "\n".join(blocks)
 
 
 def main(readme: Path) -> None:
@@ -87,12 +88,12 @@ def main(readme: Path) -> None:
 
     ti.reset()
     # as a user runs it: pasted into a file of their own
-    script = Path(tempfile.mkdtemp(prefix="wgpu_ad_smoke_")) / "first_example.py"
-    script.write_text(first_python_block(readme), encoding="utf-8")
+    script = Path(tempfile.mkdtemp(prefix="wgpu_ad_smoke_")) / "readme_examples.py"
+    script.write_text(python_blocks(readme), encoding="utf-8")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
-        raise SystemExit(f"the README's first example failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
-    print("README's first example: ok; it printed " + " | ".join(out.stdout.split("\n")[:3]))
+        raise SystemExit(f"the README's examples failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+    print("README's examples: ok; they printed " + " | ".join(out.stdout.split("\n")[:3]))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import wgpu_ad as ti
+from wgpu_ad.ad import launches
 from wgpu_ad import plan
 from ad_util import assert_grad, central_diffs
 
@@ -450,14 +451,14 @@ def test_the_checked_launch_record_names_the_storages_not_their_addresses():
     p.from_numpy(np.array([4, 2, 0, 1, 3], np.int32))
     scat(x, p, y)
     (lc,) = scat._cache.values()
-    key = scat._run_key(lc, (x, p, y))
-    assert scat._was_checked(key)
+    key = launches._run_key(lc, (x, p, y))
+    assert launches._was_checked(scat, key)
     impostor = ti.ndarray(ti.i32, n)   # stands for a new array at p's address: same ids, other referent
     fake = (key[0], tuple(weakref.ref(impostor) if r() is p else r for r in key[1]))
-    assert not scat._was_checked(fake)
+    assert not launches._was_checked(scat, fake)
     del p
     gc.collect()
-    assert not scat._was_checked(key)   # the record's p is gone: no storage can match it
+    assert not launches._was_checked(scat, key)   # the record's p is gone: no storage can match it
 
 
 def test_a_launch_in_fwd_mode_is_not_taken_for_a_checked_one():

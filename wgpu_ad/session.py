@@ -195,6 +195,21 @@ def set_compile_options(**changes) -> CompileOptions:
     return current().set_options(**changes)
 
 
+def use_autodiff(provider) -> None:
+    """wgpu_ad.ad registers itself here at import (ad/launches.py): kernel calls hand it their
+    launches while autodiff has work, and kernel.grad() its adjoints. The layers below ad/ reach
+    it only through this, so they do not import it."""
+    _state["autodiff"] = provider
+
+
+def autodiff():
+    """The autodiff provider (ad/launches.py)."""
+    provider = _state.get("autodiff")
+    if provider is None:  # importing any part of wgpu_ad imports wgpu_ad/__init__.py, and it wgpu_ad.ad
+        raise WgpuAdError("wgpu_ad.ad was not imported, so nothing handles autodiff (a packaging bug)")
+    return provider
+
+
 def ad() -> AdContext:
     """The autodiff context of the open session."""
     return current().ad
@@ -214,4 +229,4 @@ def _flush_prints(rt: Runtime | None) -> None:
 atexit.register(lambda: _flush_prints(_state["session"]._runtime if _state["session"] else None))
 
 __all__ = ["AdContext", "Session", "current", "open_session", "close", "on_close", "generation", "runtime",
-           "sync", "compile_options", "set_compile_options", "ad"]
+           "sync", "compile_options", "set_compile_options", "ad", "use_autodiff", "autodiff"]

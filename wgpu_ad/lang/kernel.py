@@ -2,63 +2,18 @@
 lang/launch.py's."""
 from __future__ import annotations
 
-import collections
 import dataclasses
 import inspect
 import types
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
-
-from .. import plan
 from .. import session as _session
 from ..errors import CompileError, KernelArgError, WgpuAdError
 from ..types import MatrixType, VectorType, to_dtype
 from .external import EXTERNALS, Externals, describe, is_external
-from .launch import Launcher, binding_limit_error, check_binding_limit, launch, overlap, storage_getter
-from . import storage as _storage
+from .launch import Launcher, binding_limit_error, check_binding_limit, launch
 from .keep import LaunchKeep
-from .ndarray import Ndarray
-
-_PLAIN = (int, float, bool)  # argument types that name themselves in keys
-READ_LOG = 4096  # argument sets per kernel whose reads kernel.grad() can check (as WRITE_LOG in storage.py)
-
-
-def _versions_key(reads: list, args: tuple) -> tuple:
-    """Names the launch kernel.grad(*args) differentiates: the storages it read and its arguments
-    (k(t) and k(t + 1) read different elements, and k.grad(t) must compare with k(t)'s reads)."""
-    ids = tuple(map(id, reads))
-    if all(type(a) in _PLAIN for a in args):
-        return ids, args
-
-    def value(a):
-        if isinstance(a, (int, float, str, np.generic)) or a is None:
-            return a
-        if isinstance(a, (list, tuple, np.ndarray)):  # a vector argument
-            return tuple(np.asarray(a).ravel().tolist())
-        return id(a)  # a field, ndarray or template object
-    return ids, tuple(value(a) for a in args)
-
-
-class _Wrote:
-    """A launch in the write logs of the storages it wrote (Storage.writes): the footprint indices
-    it wrote in one of them, computed only when kernel.grad() asks (a launch pays for an append).
-    Storages are held weakly (the log lives on them); None once one is gone."""
-
-    __slots__ = ("lc", "held")
-
-    def __init__(self, lc: Launcher, args: tuple):
-        self.lc = lc
-        self.held = args if all(type(a) in _PLAIN for a in args) else tuple(
-            weakref.ref(a) if isinstance(a, _storage.Storage) else a for a in args)
-
-    def indices(self, st) -> list | None:
-        live = tuple(a() if isinstance(a, weakref.ref) else a for a in self.held)
-        if any(v is None for v in live):
-            return None
-        return [idx for obj, kind, idx in self.lc.footprint(live) if obj is st and kind not in ("load", "load_before")]
 
 
 class Template:
@@ -162,16 +117,9 @@ class Kernel:
         self._cache: dict = {}
         self._grad_cache: dict = {}
         self._dual_cache: dict = {}
-        # _versions_key of a launch -> [(weakref, version)] of what it read, for the latest READ_LOG
-        # argument sets; _forgot: older ones were dropped (a kernel.grad() for one of those is refused)
-        self._read_versions: collections.OrderedDict = collections.OrderedDict()
-        self._forgot = False
+        self._keep = LaunchKeep(fn.__name__)  # scratch, and copies kept for adjoints (keep.py)
+        self._ad = None  # autodiff's records of this kernel's launches (ad/launches.py Records)
         self._unlogged = False  # launched while nothing had a gradient: no record of that launch
-        self._keep = LaunchKeep(fn.__name__)  # copies and scratch kept for adjoints (keep.py)
-        # checked forward variants (passes/autodiff/shadow.py) per forward Launcher id, spare shadow
-        # buffers by size, and per launch key (_run_key) whether its latest launch was checked
-        self._checked_lc: dict = {}
-        self._checked_runs: dict = {}
         self._last = None  # (epoch, compiled, specs) when every argument is a plain scalar
         self._scalar_only = all(not isinstance(a, (Template, NdarrayType, VectorType, MatrixType))
                                 and a not in (Template, NdarrayType) for a in self.anns)
@@ -268,243 +216,37 @@ class Kernel:
     def __call__(self, *args, **kwargs):
         if kwargs:
             args = self._bind_kwargs(args, kwargs)
-        if self._ndarrays and self._has_external(args):
-            return self._call_external(args)
         s = _session._state["session"] or _session.current()
         try:
             ad = s._ad.ctx  # (the property s.ad, without its call, once the thread has one)
         except AttributeError:
             ad = s.ad
-        if not s.companions and ad.tape is None and ad.fwd is None and ad.host_guard is None:
-            # nothing in the program has a gradient or a dual and no tape is open: nothing can ask
-            # for a derivative of this launch, so it keeps no records (kernel.grad() of it refuses)
-            lc, specs, rt = self._get(args, s)
-            s.unlogged_launches += 1
-            self._unlogged = True
-            if lc.plan.shadowed:  # (remembers that its latest launch was not checked)
-                return self._launch(lc, lc, args, self._keep.scratch(lc, False), rt, self._run_key(lc, args))
-            return launch(lc, args + self._keep.scratch(lc, False) if lc.plan.scratch else args, rt)
-        if ad.fwd is not None and not self._no_grad and not ad.no_grad_depth:
-            return self._launch_dual(args)
+        if s.companions or ad.tape is not None or ad.fwd is not None or ad.host_guard is not None:
+            # something may ask for a derivative of this launch: autodiff observes it
+            if self._ndarrays and self._has_external(args):
+                return _session.autodiff().launch_external(self, args, s, ad)
+            return _session.autodiff().launch_observed(self, args, s, ad)
+        # nothing in the program has a gradient or a dual and no tape is open: a launch is only a
+        # launch, and keeps no records (a kernel.grad() of it is refused, saying why)
+        s.unlogged_launches += 1
+        self._unlogged, self._ad = True, None  # (records of earlier launches: older than this one)
+        if self._ndarrays and self._has_external(args):
+            return self._call_external(args, s)
         lc, specs, rt = self._get(args, s)
-        tape = ad.tape
-        run = self._checked(lc) if lc.plan.shadowed and self._may_want_grad(lc, args, tape, ad) else lc
-        if tape is not None:
-            tape.record(self, args)
-            if tape.defer(self, run, args, rt):
-                self._note_versions(lc, args, s)
-                return None  # launched before anything else reaches the device, or fused with its adjoint
-        taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
-        if lc.snapshots and ad.keep_copies and not self._no_grad:  # no_grad: no adjoint reads them
-            self._keep.keep_snapshots(lc, args, taped)
-        if lc.ck.ret_dtype is not None and ad.host_guard is not None:
-            ad.host_guard(self, f"the return value of kernel '{self.__name__}'")
-        if lc.plan.shadowed:
-            ret = self._launch(lc, run, args, self._keep.scratch(lc, taped), rt, self._run_key(lc, args))
-        else:
-            ret = launch(lc, args + self._keep.scratch(lc, taped), rt)
-        self._note_versions(lc, args, s)
-        return ret
+        return launch(lc, args + self._keep.scratch(lc, False) if lc.plan.scratch else args, rt)
 
-    def _launch_dual(self, args):
-        """Inside ti.ad.FwdMode: the dual kernel (primal values and tangents) instead."""
-        lc = self._get(args)[0]
-        d, _specs, rt = self._get_dual(args)
-        self._before_dual(lc, args)
-        guard = _session.current().ad.host_guard
-        if lc.ck.ret_dtype is not None and guard is not None:
-            guard(self, f"the return value of kernel '{self.__name__}'")
-        ret = launch(d, args + self._keep.scratch(lc, False), rt)
-        self._note_versions(lc, args)
-        return ret
-
-    def _before_dual(self, lc, args, external: bool = False) -> None:
-        """A launch of the dual kernel of forward Launcher lc inside ti.ad.FwdMode: the FwdMode
-        checks where tangents stop (fwd.py note_launch); and as the dual kernel checks nothing,
-        kernel.grad() must not trust the check of an older launch with these arguments."""
-        _session.current().ad.fwd.note_launch(self.__name__, [get(args) for get in lc.loads],
-                                                     [get(args) for get in lc.writes])
-        if lc.plan.shadowed:
-            self._set_checked(self._run_key(lc, args, external), False, in_fwd_mode=True)
-
-    # ---- run-time access checks (passes/autodiff/shadow.py) -------------------------------------
-    def _may_want_grad(self, lc, args, tape, ad) -> bool:
-        """Whether a gradient may be asked for a forward launch: a tape records it, or something it
-        reads has a gradient (as for _keep_snapshots)."""
-        if tape is not None and tape.recording and not ad.in_backward:
-            return True
-        return any(get(args).needs_grad for get in lc.loads + lc.snapshots)
-
-    def _checked(self, lc) -> Launcher:
-        """The checked variant of a forward Launcher whose accesses are not all proven safe for
-        reverse mode, compiled on first use."""
-        run = self._checked_lc.get(id(lc))
-        if run is None:
-            from ..compiler.driver import compile_checked
-            run = Launcher(compile_checked(lc.compiled, _session.current().options), lc.specs)
-            check_binding_limit(run, self.__name__, "checked", _session.runtime())
-            self._checked_lc[id(lc)] = run
-            run.shadow_of = [storage_getter(src.of, run.compiled.storages) for src in run.plan.shadows]
-        return run
-
-    def _run_key(self, lc, args, external: bool = False) -> tuple:
-        """What names a launch for kernel.grad(): the forward Launcher and the storages it reads and
-        writes (host arrays get fresh device copies per launch: only the Launcher for them), as
-        ids with weak references beside them: a storage made later at a freed one's address is
-        another key (_was_checked compares the referents)."""
-        if external:
-            return (id(lc),), ()
-        sts = [get(args) for get in lc.loads + lc.writes]
-        return (id(lc), *map(id, sts)), tuple(weakref.ref(st) for st in sts)
-
-    def _set_checked(self, key: tuple, checked: bool, in_fwd_mode: bool = False) -> None:
-        self._checked_runs[key[0]] = (checked, key[1], in_fwd_mode)
-
-    def _was_checked(self, key: tuple) -> bool:
-        seen = self._checked_runs.get(key[0])
-        return bool(seen and seen[0] and all(a() is not None and a() is b() for a, b in zip(seen[1], key[1])))
-
-    def _ran_in_fwd_mode(self, key: tuple) -> bool:
-        seen = self._checked_runs.get(key[0])
-        return bool(seen and seen[2])
-
-    def _launch(self, lc, run, args, scratch: tuple, rt, key: tuple):
-        """Launch `run` (lc, whose plan has shadowed sources, or its checked variant) with fresh
-        zeroed shadow buffers when checked; remember whether a launch with this key was checked
-        (_require_checked)."""
-        if run is lc:
-            self._set_checked(key, False)
-            return launch(lc, args + scratch, rt)
-        self._keep.drop_dead()
-        shadows = []
-        for get in run.shadow_of:
-            n = get(args).n_scalars
-            spare = self._keep.shadow_spare.get(n)
-            arr = spare.pop() if spare else Ndarray(to_dtype("u32"), (n,), name=f"{get(args).name or 'field'}_accesses")
-            arr.fill(0)
-            shadows.append(arr)
-        self._set_checked(key, False)
-        try:
-            ret = launch(run, args + scratch + tuple(shadows), rt)
-        finally:  # a later clear is recorded after the launch: the buffers may serve the next one
-            for arr in shadows:
-                self._keep.shadow_spare.setdefault(arr.n_scalars, []).append(arr)
-        self._set_checked(key, True)
-        return ret
-
-    def _require_checked(self, lc, args, external: bool = False) -> None:
-        """kernel.grad(): refuse unless the latest forward launch with these storages was checked."""
-        key = self._run_key(lc, args, external)
-        if lc.plan.shadowed and not self._was_checked(key):
-            why = ("it ran inside ti.ad.FwdMode, whose dual kernel checks nothing" if self._ran_in_fwd_mode(key)
-                   else "nothing it reads needed a gradient")
-            raise WgpuAdError(
-                f"{self.__name__}.grad(): kernel '{self.__name__}' indexes a field by values the compiler "
-                f"cannot prove safe for reverse mode (read from a field, or a counter stepped conditionally), "
-                f"so its gradient is right only after a forward launch that checked them on the GPU, and its "
-                f"latest launch with these arguments was not checked ({why}). "
-                f"Launch it inside ti.ad.Tape, or while something it reads has needs_grad=True, right before "
-                f"its .grad()")
-
-    def _note_versions(self, lc, args, s=None) -> None:
-        """A forward launch: bump the versions of what it wrote, remember those of what it read
-        (with the session's count of unlogged launches then: see _check_versions)."""
-        if lc.writes:
-            who, wrote = f"kernel '{self.__name__}'", _Wrote(lc, args)
-            for get in lc.writes:
-                st = get(args)
-                st.version += 1
-                st.writer = who
-                st.writes.append((st.version, who, wrote))
-        if lc.replays:
-            reads = [get(args) for get in lc.replays]
-            key = _versions_key(reads, args)
-            versions = self._read_versions
-            if key in versions:
-                versions.move_to_end(key)
-            unlogged = (s or _session.current()).unlogged_launches
-            versions[key] = (unlogged, [(weakref.ref(st), st.version) for st in reads])
-            if len(versions) > READ_LOG:
-                versions.popitem(last=False)
-                self._forgot = True
-
-    def _check_versions(self, lc, args) -> None:
-        """kernel.grad() by hand: refuse when elements that the forward launch with these arguments
-        read (or combined into with an atomic min / max) were written since: its adjoint would replay
-        the new values. Writes since are compared by footprint (Storage.writes); one the log no
-        longer holds, or a Python-scope write, counts as touching every element."""
-        reads = [get(args) for get in lc.replays]
-        footprint = None
-        record = self._read_versions.get(_versions_key(reads, args))
-        unlogged = _session.current().unlogged_launches
-        if reads and (record is None and self._unlogged or record is not None and record[0] != unlogged):
-            raise WgpuAdError(
-                f"{self.__name__}.grad(): kernel '{self.__name__}' (or another kernel) ran while nothing in the "
-                f"program had a gradient or a dual, and such launches keep no record of what they read or "
-                f"wrote, so whether what this launch read is unchanged is not known and its gradient cannot be "
-                f"trusted. Give the fields their gradients first (needs_grad=True, or ti.root.lazy_grad() "
-                f"before the launches), launch {self.__name__} again right before its .grad(), or record the "
-                f"launches in ti.ad.Tape")
-        if record is None and self._forgot and reads:
-            raise WgpuAdError(
-                f"{self.__name__}.grad(): kernel '{self.__name__}' ran with more than {READ_LOG} other argument "
-                f"sets since its launch with these arguments (if there was one), and what that launch read is "
-                f"no longer known, so its gradient cannot be trusted. Launch {self.__name__} with these "
-                f"arguments again right before its .grad(), or record the launches in ti.ad.Tape")
-        for ref, version in (record[1] if record is not None else ()):
-            st = ref()
-            if st is None or st.version == version:
-                continue
-            since = [w for w in st.writes if w[0] > version]
-            if len(since) != st.version - version:  # older than the log: assume the worst
-                since = [(None, st.writer, None)]
-            if footprint is None:
-                footprint = lc.footprint(args)
-            read = [idx for obj, kind, idx in footprint if obj is st and kind in ("load", "atomic")]
-            for _version, who, wrote in since:
-                idx = wrote.indices(st) if wrote is not None else None
-                if idx is not None and not any(overlap(r, w) for r in read for w in idx):
-                    continue  # other elements (x[t + 1] written, x[t] read): the replay sees the same values
-                name = st.name or "the field"
-                raise WgpuAdError(
-                    f"{self.__name__}.grad(): kernel '{self.__name__}' read {st._label()} when it ran, and "
-                    f"{who} wrote it since, so the gradient would be computed from the new values and be "
-                    f"silently wrong. Call {self.__name__}.grad() before {name} is overwritten (gradients go in "
-                    f"the reverse order of the launches), launch {self.__name__} again right before its .grad() "
-                    f"once {name} holds what it read (recomputed), keep one copy per step "
-                    f"({name}[t + 1] = f({name}[t])), or record the launches in ti.ad.Tape, which orders them "
-                    f"for you")
-
-    def _call_external(self, args):
+    def _call_external(self, args, s):
         """A launch with host arrays (lang/external.py): copied in, launched, written back."""
-        ad = _session.current().ad
-        tape = ad.tape
-        if ad.host_guard is not None:
-            ad.host_guard(self, f"the NumPy arrays or torch tensors passed to kernel '{self.__name__}' "
-                                f"(copied back after the launch)")
-        if tape is not None:
-            tape.record(self, args)  # the host arrays: the backward pass copies them in again
         dev, bound = EXTERNALS.to_device(self, args, self._ndarrays, with_grads=False)
-        taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
-        fwd, _specs, rt = self._get(dev)
-        lc = fwd
-        if ad.fwd is not None and not self._no_grad and not ad.no_grad_depth:
-            lc = self._get_dual(dev)[0]  # host arrays have no duals; fields may
-            self._before_dual(fwd, dev, external=True)
-        if lc.snapshots and ad.keep_copies and not self._no_grad:  # no_grad: no adjoint reads them
-            self._keep.keep_snapshots(lc, dev, taped)
-        if lc.plan.shadowed and lc is fwd:
-            run = self._checked(lc) if self._may_want_grad(lc, dev, tape, ad) else lc
-            ret = self._launch(lc, run, dev, self._keep.scratch(lc, taped), rt, self._run_key(lc, dev, external=True))
-        else:
-            ret = launch(lc, dev + self._keep.scratch(fwd, taped), rt)
+        lc, _specs, rt = self._get(dev, s)
+        ret = launch(lc, dev + self._keep.scratch(lc, False), rt)
         Externals.to_host(bound, lc.ck, grads=False)
         return ret
 
     # ---- reverse mode ---------------------------------------------------------------------
     @property
     def grad(self) -> "_GradLauncher":
-        """kernel.grad(*args): run the adjoint of this kernel for these arguments."""
+        """kernel.grad(*args): run the adjoint of this kernel for these arguments (ad/launches.py)."""
         return _GradLauncher(self)
 
     def _get_grad(self, args, launching: bool = False, fused: bool = False):
@@ -611,7 +353,7 @@ class Kernel:
         arguments."""
         lc = (self._get_grad(args) if grad else self._get_dual(args) if dual else self._get(args))[0]
         if checked and lc.plan.shadowed:
-            lc = self._checked(lc)
+            lc = _session.autodiff().checked_variant(self, lc)
         return "\n".join(t.wgsl for t in lc.ck.tasks)
 
     def get_grad_ir(self, *args) -> str:
@@ -638,42 +380,9 @@ class _GradLauncher:
         self.k = k
 
     def __call__(self, *args, **kwargs):
-        k = self.k
-        if k._no_grad:
-            return None  # @ti.ad.no_grad: the kernel has no gradient (Taichi's behaviour)
         if kwargs:
-            args = k._bind_kwargs(args, kwargs)
-        ad = _session.current().ad
-        fwd = ad.fwd
-        if fwd is not None:
-            raise WgpuAdError(
-                f"{k.__name__}.grad() inside ti.ad.FwdMode (entered at {fwd._where}): reverse mode on top of "
-                f"forward mode is not supported; call {k.__name__}.grad() outside the FwdMode `with` block")
-        if k._ndarrays and k._has_external(args):
-            dev, bound = EXTERNALS.to_device(k, args, k._ndarrays, with_grads=True)
-            fwd = k._get(dev)[0]
-            k._require_checked(fwd, dev, external=True)
-            g, _specs, rt = k._get_grad(dev, launching=True)
-            snaps = k._keep.pop_snapshots(fwd, dev)
-            scratch = k._keep.scratch_for_grad(fwd, ad.in_backward)
-            ret = launch(g, dev + snaps + scratch, rt)
-            k._keep.recycle(snaps)
-            k._keep.recycle_scratch(fwd, scratch)
-            read = {a.source.arg for a in k._get(dev)[0].plan.accesses
-                    if a.kind == "load" and isinstance(a.source, plan.Arg)}
-            Externals.to_host(bound, g.ck, grads=True, inputs=read)
-            return ret
-        fwd, _specs, rt = k._get(args)
-        k._require_checked(fwd, args)
-        if not ad.in_backward:  # a tape checks its launches itself
-            k._check_versions(fwd, args)
-        g, _specs, rt = k._get_grad(args, launching=True)
-        snaps = k._keep.pop_snapshots(fwd, args)
-        scratch = k._keep.scratch_for_grad(fwd, ad.in_backward)
-        ret = launch(g, args + snaps + scratch, rt)
-        k._keep.recycle(snaps)
-        k._keep.recycle_scratch(fwd, scratch)
-        return ret
+            args = self.k._bind_kwargs(args, kwargs)
+        return _session.autodiff().grad(self.k, args)
 
 
 class BoundKernel:
