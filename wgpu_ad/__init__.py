@@ -31,18 +31,22 @@ from .lang.matrix import Matrix, Vector
 from .lang.ndarray import Ndarray, ndarray
 from .lang.snode import i, ij, ijk, ijkl, j, k, l, root
 from .runtime import amdgpu, cpu, cuda, dx12, gpu, metal, opengl, vulkan
+from .runtime.adapter import AdapterEntry, list_adapters, worker_device
 from .session import compile_options, set_compile_options, sync
 from .session import runtime as get_runtime
 from .types import f16, f32, float16, float32, i32, int32, u32, uint32
 
 
-def init(arch=None, debug: bool = False, **kwargs):
+def init(arch=None, debug: bool = False, device=None, **kwargs):
     """Choose the adapter and create the device (Taichi's ti.init). Calling it again resets.
 
     Args:
         arch: `ti.vulkan`, `ti.metal`, `ti.dx12`, `ti.cpu` or `ti.gpu` (`ti.cuda` and `ti.amdgpu`
             mean the best adapter, like `ti.gpu`); None: the best adapter. The environment
             variable `WGPU_AD_ARCH` overrides it.
+        device: one adapter among several: an index into `ti.list_adapters()` or a part of its
+            name (`ti.worker_device()` picks one per worker of a multi-GPU job); the environment
+            variable `WGPU_AD_DEVICE` overrides it.
         debug: check every field index and `assert` in kernels (errors are raised at the next
             read-back), and verify the IR between compiler passes.
         **kwargs: `random_seed=0`, `force_emulated_atomics=False`, `offline_cache=True`,
@@ -63,6 +67,7 @@ def init(arch=None, debug: bool = False, **kwargs):
             compile_opts["ad_stack_size"] = ad_stack_size
     # the Runtime's own arguments; Taichi-only options (device_memory_GB, kernel_profiler, ...) are ignored
     runtime_kwargs = {k: kwargs[k] for k in _RUNTIME_ARGS if k in kwargs}
+    runtime_kwargs["device"] = device
     s = session.open_session(dict(arch=arch, debug=debug, **runtime_kwargs), compile_opts)
     return s.runtime
 

@@ -1,6 +1,7 @@
 """`python -m wgpu_ad`: which adapter wgpu_ad would use, its features and limits (exit 1 if none)."""
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -13,7 +14,8 @@ def main(argv: list[str] | None = None) -> int:
         adapters = A.enumerate_adapters()
         chosen = A.select_adapter(arch)
     except GpuError as e:
-        print(f"wgpu_ad: no usable WebGPU adapter.\n{e}", file=sys.stderr)
+        what = "cannot take the adapter asked for" if os.environ.get(A.DEVICE_ENV_VAR) else "no usable WebGPU adapter"
+        print(f"wgpu_ad: {what}.\n{e}", file=sys.stderr)
         return 1
     r = A.adapter_report(chosen)
     print(f"wgpu_ad would use: {r['device']}")
@@ -39,11 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     from .compiler.options import CompileOptions
     folder = directory(CompileOptions())
     print(f"offline cache: {folder if folder is not None else 'off (WGPU_AD_OFFLINE_CACHE)'}")
-    others = [a for a in adapters if a is not chosen]
-    if others:
-        print("other adapters (pick with ti.init(arch=...) or WGPU_AD_ARCH):")
-        for a in others:
-            print(f"  {A.describe(a)}")
+    print("adapters (pick with ti.init(device=index) or WGPU_AD_DEVICE; ti.init(arch=...) or WGPU_AD_ARCH):")
+    for entry, a in zip(A.list_adapters(), A.listed()):
+        print(f"  {entry}{'   <- this one' if a is chosen else ''}")
     return 0
 
 

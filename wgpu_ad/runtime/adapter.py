@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 
 import wgpu
 
@@ -23,6 +24,7 @@ _GPU_ALIASES = (cuda, amdgpu)
 ARCHES = (vulkan, metal, dx12, opengl, cpu, gpu)
 
 ARCH_ENV_VAR = "WGPU_AD_ARCH"
+DEVICE_ENV_VAR = "WGPU_AD_DEVICE"
 _BACKEND_OF_ARCH = {vulkan: "Vulkan", metal: "Metal", dx12: "D3D12", opengl: "OpenGL"}
 # lower rank = preferred
 _TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "Unknown": 2, "CPU": 3}
@@ -121,11 +123,16 @@ def _rank(adapter) -> tuple:
     return (_TYPE_RANK.get(info.get("adapter_type"), 2), _BACKEND_RANK.get(info.get("backend_type"), 1))
 
 
-def select_adapter(arch: str | None):
-    """Pick an adapter for `arch` (already normalised). Raises GpuError saying what to install."""
+def select_adapter(arch: str | None, device: int | str | None = None):
+    """Pick an adapter for `arch` (already normalised), or the one `device` names (an index into
+    list_adapters(), or a substring of its name; WGPU_AD_DEVICE overrides it). Raises GpuError
+    saying what to install, or listing the adapters when `device` names none of them."""
     adapters = enumerate_adapters()
     if not adapters:
         raise GpuError(install_instructions())
+    device = _device_choice(device)
+    if device is not None:
+        return _by_device(device, arch)
     if arch in _BACKEND_OF_ARCH:
         candidates = [a for a in adapters if a.info.get("backend_type") == _BACKEND_OF_ARCH[arch]]
     elif arch == cpu:
@@ -152,3 +159,107 @@ def adapter_report(adapter) -> dict:
         "features": {f: f in adapter.features for f in WANTED_FEATURES},
         "limits": {k: adapter.limits.get(k) for k in KEY_LIMITS},
     }
+
+
+# ---- choosing one adapter among several (ti.init(device=...), WGPU_AD_DEVICE) ----------------
+
+@dataclass(frozen=True)
+class AdapterEntry:
+    """One adapter as wgpu_ad lists it (ti.list_adapters(), python -m wgpu_ad)."""
+
+    index: int          # what ti.init(device=index) and WGPU_AD_DEVICE take
+    name: str
+    backend: str        # Vulkan, Metal, D3D12, OpenGL
+    type: str           # DiscreteGPU, IntegratedGPU, CPU, Unknown
+    vendor_id: int
+    device_id: int
+    driver: str
+
+    def __str__(self) -> str:
+        ids = f", vendor 0x{self.vendor_id:04x} device 0x{self.device_id:04x}" if self.vendor_id else ""
+        return f"[{self.index}] {self.name} ({self.backend}, {self.type}{ids})"
+
+
+def listed() -> list:
+    """The adapters in wgpu_ad's order: the one ti.init() takes by default first (hardware before
+    software, native backends before OpenGL), wgpu's order among equals (identical GPUs keep the
+    order the driver reports them in)."""
+    return sorted(enumerate_adapters(), key=_rank)  # sorted is stable
+
+
+def list_adapters() -> list[AdapterEntry]:
+    """Every adapter wgpu finds, with the index ti.init(device=...) takes."""
+    out = []
+    for i, a in enumerate(listed()):
+        info = a.info
+        out.append(AdapterEntry(i, info.get("device", "") or "?", info.get("backend_type", "?"),
+                                info.get("adapter_type", "?"), int(info.get("vendor_id", 0) or 0),
+                                int(info.get("device_id", 0) or 0), info.get("description", "")))
+    return out
+
+
+def _device_choice(device):
+    env = os.environ.get(DEVICE_ENV_VAR, "").strip()
+    if env:
+        return int(env) if env.lstrip("-").isdigit() else env
+    if device is None or isinstance(device, (int, str)) and not isinstance(device, bool):
+        return device
+    raise GpuError(f"ti.init(device={device!r}): expected an index into ti.list_adapters() or a part of an "
+                   f"adapter's name")
+
+
+def _by_device(device, arch):
+    adapters, entries = listed(), list_adapters()
+    where = f"{DEVICE_ENV_VAR}={os.environ[DEVICE_ENV_VAR]!r}" if os.environ.get(DEVICE_ENV_VAR, "").strip() \
+        else f"ti.init(device={device!r})"
+    table = "\n".join(f"  {e}" for e in entries)
+    if isinstance(device, int):
+        if not 0 <= device < len(adapters):
+            raise GpuError(f"{where}: there is no adapter {device}; wgpu_ad lists {len(adapters)}:\n{table}")
+        chosen = adapters[device]
+    else:
+        hits = [a for a in adapters if device.lower() in (a.info.get("device", "") or "").lower()]
+        if not hits:
+            raise GpuError(f"{where}: no adapter's name contains {device!r}; wgpu_ad lists:\n{table}")
+        chosen = hits[0]  # identical names: the first listed (pick by index to take another)
+    if arch is not None:
+        ok = (chosen.info.get("backend_type") == _BACKEND_OF_ARCH[arch] if arch in _BACKEND_OF_ARCH
+              else chosen.info.get("adapter_type") == "CPU" if arch == cpu else True)
+        if not ok:
+            raise GpuError(f"{where} names {describe(chosen)}, which is not a '{arch}' adapter (arch={arch!r}); "
+                           f"drop one of the two, or choose among:\n{table}")
+    return chosen
+
+
+def worker_device(rank: int | None = None) -> int:
+    """The adapter index (into list_adapters()) for this worker process of a multi-GPU job: rank
+    `rank`, else the first GPU id Ray assigned to this worker (ray.get_gpu_ids()), else the
+    LOCAL_RANK that torchrun sets, else 0; mapped onto the hardware GPUs of the preferred backend
+    in listing order (onto the software adapters when there is no GPU), modulo their count.
+
+    Limits: Vulkan lists every GPU whatever CUDA_VISIBLE_DEVICES says, in the driver's order,
+    which usually but not always matches nvidia-smi's; identical GPUs are told apart by that order
+    only (wgpu reports no PCI bus id)."""
+    if rank is None:
+        rank = _ray_gpu_id()
+    if rank is None:
+        local = os.environ.get("LOCAL_RANK", "").strip()
+        rank = int(local) if local.isdigit() else 0
+    entries = list_adapters()
+    if not entries:
+        raise GpuError(install_instructions())
+    gpus = [e for e in entries if e.type in ("DiscreteGPU", "IntegratedGPU")] or entries
+    best = gpus[0].backend  # the same GPUs under another backend (OpenGL) are not more devices
+    pool = [e for e in gpus if e.backend == best]
+    return pool[rank % len(pool)].index
+
+
+def _ray_gpu_id() -> int | None:
+    ray = sys.modules.get("ray")  # only when the program uses Ray
+    if ray is None:
+        return None
+    try:
+        ids = ray.get_gpu_ids() if ray.is_initialized() else []
+    except Exception:  # not in a Ray worker
+        return None
+    return int(ids[0]) if ids else None

@@ -41,11 +41,12 @@ class Runtime:
     """One wgpu device and everything created on it; a session (session.py) owns one."""
 
     def __init__(self, arch=None, debug: bool = False, force_emulated_atomics: bool = False,
-                 default_fp=None, random_seed: int = 0, print_buffer_lines: int = DEFAULT_PRINT_LINES):
+                 default_fp=None, random_seed: int = 0, print_buffer_lines: int = DEFAULT_PRINT_LINES,
+                 device: int | str | None = None):
         if default_fp is not None and to_dtype(default_fp) != f32:
             raise WgpuAdError(f"default_fp={default_fp!r} is not supported: wgpu_ad computes in ti.f32")
         self.arch = _adapter.normalize_arch(arch)
-        self.adapter = _adapter.select_adapter(self.arch)
+        self.adapter = _adapter.select_adapter(self.arch, device)
         wanted = [f for f in _adapter.WANTED_FEATURES if f in self.adapter.features]
         try:
             self.device = self.adapter.request_device_sync(
