@@ -36,7 +36,7 @@ class FuncLowerer(ast.NodeVisitor):
     """Lowers one function body (the kernel's, or an inlined ti.func's) into the current block."""
 
     def __init__(self, kctx, pf: ParsedFunc, scopes: list[dict], ret: ReturnCtx):
-        self.k = kctx                  # kernel.KernelContext: builder, buffers, args, config
+        self.k = kctx                  # kernel_context.KernelContext: builder, buffers, args, config
         self.b: Builder = kctx.builder
         self.o: Ops = kctx.ops
         self.pf = pf
