@@ -20,6 +20,7 @@ BINOPS = {ast.Add: Op.ADD, ast.Sub: Op.SUB, ast.Mult: Op.MUL, ast.Div: Op.DIV,
            ast.RShift: Op.SHR, ast.BitAnd: Op.BIT_AND, ast.BitOr: Op.BIT_OR, ast.BitXor: Op.BIT_XOR}
 CMPOPS = {ast.Lt: Op.LT, ast.LtE: Op.LE, ast.Gt: Op.GT, ast.GtE: Op.GE, ast.Eq: Op.EQ, ast.NotEq: Op.NE}
 
+
 class ExpressionLowering:
     """Mixed into lower.FuncLowerer (its __init__ sets b, o, pf, scopes)."""
 

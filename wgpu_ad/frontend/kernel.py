@@ -73,7 +73,6 @@ class ArrayArg:
         return ArrayArg(self.name + ".dual", self.dtype, self.element_shape, self.shape, self.dual_buffer, None)
 
 
-
 def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
                  min_parallel: int | None = None) -> tuple[Kernel, list]:
     """Python kernel -> (IR, storage table: the fields it names, plan.Field(k) being the k-th).

@@ -90,7 +90,6 @@ def loop_is_static(fl: FuncLowerer, node: ast.For) -> bool:
     return isinstance(it, ast.Call) and resolve(fl.globals, it.func) is static
 
 
-
 def with_env(fl: FuncLowerer, env: dict, f):
     fl.scopes[0].update(env)
     return f()
