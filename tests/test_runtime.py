@@ -66,7 +66,7 @@ class FakeAdapter:
 @pytest.fixture
 def fake_adapters(monkeypatch):
     def install(*adapters):
-        monkeypatch.setattr(A, "_adapters_cache", list(adapters))
+        monkeypatch.setattr(A, "enumerate_adapters", lambda: list(adapters))
         monkeypatch.delenv(A.ARCH_ENV_VAR, raising=False)
         return adapters
     return install
