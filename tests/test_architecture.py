@@ -9,9 +9,8 @@ from benchmarks import architecture as A
 
 # the targets where they are met, today's counts where they are not yet (lower them, never raise)
 MAX_CALLS = {"scale(src: ndarray, dst: ndarray, s: f32)": 45, "fill(s: f32) on a field": 32}
-MAX_GLOBALS = 11   # the target is 8
-LONG_FILES = {"wgpu_ad/codegen/wgsl.py", "wgpu_ad/lang/kernel.py", "wgpu_ad/frontend/kernel.py",
-              "wgpu_ad/frontend/lower.py", "wgpu_ad/runtime/device.py", "wgpu_ad/ad/checkpoint.py"}  # target: none
+MAX_GLOBALS = 4    # target 8, met; left: lang.storage._live, session._close_hooks and _state, viewer.window
+LONG_FILES = {"wgpu_ad/lang/kernel.py"}  # target: none
 
 
 @pytest.mark.gpu

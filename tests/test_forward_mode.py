@@ -804,10 +804,10 @@ def test_dual_kernels_are_cached_offline():
         k()  # the forward kernel from disk, its dual kernel from the IR made again
     np.testing.assert_allclose(y.dual.to_numpy(), np.exp(0.5) * 0.123456, rtol=1e-6)
     clear_kernel_caches()  # a new process, as far as compiled kernels go
-    hits = cache.stats["hits"]
+    hits = cache.record.stats["hits"]
     with ti.ad.FwdMode(loss=y, param=x, seed=[1.0] * 4):
         k()
-    assert cache.stats["hits"] >= hits + 2, "the forward kernel and its dual kernel both come from disk"
+    assert cache.record.stats["hits"] >= hits + 2, "the forward kernel and its dual kernel both come from disk"
     np.testing.assert_allclose(y.dual.to_numpy(), np.exp(0.5) * 0.123456, rtol=1e-6)
     assert "x_dual" in k.get_wgsl(dual=True) and "x.dual" in k.get_dual_ir()
 

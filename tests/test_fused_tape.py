@@ -424,10 +424,10 @@ def test_fused_kernel_comes_from_the_offline_cache(tmp_path, monkeypatch):
     for run in ("cold", "warm"):
         ti.reset()
         ti.init(offline_cache_file_path=str(tmp_path))
-        before = dict(cache.stats)
+        before = dict(cache.record.stats)
         x, loss, energy, x0 = _reduction(n=900)
         assert _taped(loss, energy) == 1
-        got = {k: cache.stats[k] - before[k] for k in ("hits", "misses", "writes")}
+        got = {k: cache.record.stats[k] - before[k] for k in ("hits", "misses", "writes")}
         # the forward kernel, the fused kernel and its variant that stores into the all-zero x.grad
         assert got == ({"hits": 0, "misses": 3, "writes": 3} if run == "cold" else
                        {"hits": 3, "misses": 0, "writes": 0}), run

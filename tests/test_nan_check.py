@@ -449,11 +449,11 @@ def test_the_check_is_part_of_the_cache_key():
     ti.reset()
     ti.init()
     x, loss, recip = program()
-    hits = cache.stats["hits"]
+    hits = cache.record.stats["hits"]
     with pytest.raises(GradientNaNError) as again:
         with ti.ad.Tape(loss, check_nan=True):
             recip()
-    assert cache.stats["hits"] > hits
+    assert cache.record.stats["hits"] > hits
     assert str(again.value) == str(first.value)
     assert "It starts at the derivative of / at line" in str(first.value)
 

@@ -1,5 +1,5 @@
 """Multi-dimensional parallel loops split into parallel leading dimensions and serial trailing
-ones (what CPU adapters get: frontend/kernel.py _parallel_prefix), against NumPy: every loop
+ones (what CPU adapters get: frontend/parallel.py parallel_prefix), against NumPy: every loop
 shape, `continue`, struct-for, accumulations, and gradients through the split loop. Each test
 runs with the split forced at every possible point and with it off (the GPU default)."""
 import numpy as np

@@ -470,10 +470,10 @@ def test_a_kernel_loaded_from_the_offline_cache_prints(capsys):
     k(0.25, 3)
     ti.sync()
     ti.reset()  # forgets the compiled kernel: the next call loads it from the disk
-    hits = cache.stats["hits"]
+    hits = cache.record.stats["hits"]
     k(1.5, -4)
     ti.sync()
-    assert cache.stats["hits"] == hits + 1
+    assert cache.record.stats["hits"] == hits + 1
     assert lines_of(capsys) == ["a = 0.25, n = 3", "a = 1.50, n = -4"]
 
 

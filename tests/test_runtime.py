@@ -17,6 +17,7 @@ from wgpu_ad.runtime import adapter as A
 import wgpu_ad as ti
 from wgpu_ad import session as S
 from wgpu_ad.runtime import device as D
+from wgpu_ad.runtime import batch
 from wgpu_ad.types import f32, i32, u32
 
 ARGS = "struct Args { w: array<vec4<u32>, 1> }\n@group(0) @binding(0) var<uniform> args: Args;\n"
@@ -65,7 +66,7 @@ class FakeAdapter:
 @pytest.fixture
 def fake_adapters(monkeypatch):
     def install(*adapters):
-        monkeypatch.setattr(A, "_adapters_cache", list(adapters))
+        monkeypatch.setattr(A, "enumerate_adapters", lambda: list(adapters))
         monkeypatch.delenv(A.ARCH_ENV_VAR, raising=False)
         return adapters
     return install
@@ -240,7 +241,7 @@ def test_each_launch_sees_its_own_args(monkeypatch, max_pending, capacity):
     rt = ti.init()
     rt.max_pending = max_pending
     if capacity is not None:  # force flushes when the uniform batch is full
-        monkeypatch.setattr(D, "_UNIFORM_CAPACITY", capacity)
+        monkeypatch.setattr(batch, "UNIFORM_CAPACITY", capacity)
     n = 300
     buf = rt.create_storage(4 * n, "a")
     ck = store_kernel()

@@ -6,6 +6,8 @@ storage buffers. The normals compute pipelines add two read-write buffers (6, 7)
 """
 from __future__ import annotations
 
+import functools
+
 import wgpu
 
 from wgpu_ad import shaders
@@ -132,21 +134,15 @@ class Shared:
         return pipe
 
 
-_shared: tuple[int, Shared] | None = None
+@functools.lru_cache(maxsize=1)
+def _shared_of(generation: int) -> Shared:
+    """The viewer resources of one session generation: only the latest is kept."""
+    return Shared()
 
 
-def _drop() -> None:
-    global _shared
-    _shared = None
-
-
-_rt.on_close(_drop)
+_rt.on_close(_shared_of.cache_clear)
 
 
 def shared() -> Shared:
     """The viewer resources of the current runtime's device (made again after ti.reset())."""
-    global _shared
-    gen = _rt.generation()
-    if _shared is None or _shared[0] != gen:
-        _shared = (gen, Shared())
-    return _shared[1]
+    return _shared_of(_rt.generation())

@@ -126,7 +126,7 @@ class Scratch:
     """Hidden storage of the kernel itself: entry `index` of the scratch buffers (`count`
     scalars of `dtype` each) that a launch gets last, after the call's arguments and any
     snapshots: the sum of a kernel-scope variable reduced across a parallel loop
-    (frontend/kernel.py Scratch). One per forward launch, which its adjoint reads again."""
+    (frontend/kernel_context.py Scratch). One per forward launch, which its adjoint reads again."""
     index: int
     dtype: str
     count: int

@@ -15,6 +15,7 @@ folder means a recompile (noted once in the 'wgpu_ad.cache' log), never an error
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -36,19 +37,26 @@ MAX_BYTES = 256 << 20       # the folder is pruned (oldest first) to 3/4 of this
 _MAGIC = b"wgpu_ad kernel\n"
 _HEADER = struct.Struct("<IQ")  # crc32 and length of the payload
 
-# what happened in this process: tests and benchmarks read it
-stats = {"hits": 0, "misses": 0, "writes": 0, "bad_entries": 0, "write_errors": 0}
-
 _log = logging.getLogger("wgpu_ad.cache")
-_noted: set[str] = set()
-_digest: list[bytes] = []   # the compiler's own source, hashed once per process
-_pruned: list[bool] = []
 
 
-def _note(kind: str, msg: str) -> None:
-    if kind not in _noted:
-        _noted.add(kind)
-        _log.warning("wgpu_ad offline cache: %s (the kernel is compiled instead)", msg)
+class Record:
+    """What the offline cache did in this process: its counts (stats: tests and benchmarks read
+    them), the kinds of trouble already logged (each is logged once), and whether the folder was
+    pruned (once, at the first write)."""
+
+    def __init__(self) -> None:
+        self.stats = {"hits": 0, "misses": 0, "writes": 0, "bad_entries": 0, "write_errors": 0}
+        self.noted: set[str] = set()
+        self.pruned = False
+
+    def note(self, kind: str, msg: str) -> None:
+        if kind not in self.noted:
+            self.noted.add(kind)
+            _log.warning("wgpu_ad offline cache: %s (the kernel is compiled instead)", msg)
+
+
+record = Record()
 
 
 def directory(opts: CompileOptions) -> Path | None:
@@ -62,20 +70,19 @@ def directory(opts: CompileOptions) -> Path | None:
     return Path(os.path.expanduser(str(path)))
 
 
+@functools.cache
 def source_digest() -> bytes:
     """Hash of the wgpu_ad package's .py files and its shaders (the .wgsl files and their loader):
-    any compiler change misses."""
-    if not _digest:
-        pkg = Path(__file__).resolve().parent.parent
-        files = sorted(pkg.rglob("*.py"))
-        for shaders in (pkg.parent / "shaders", pkg / "shaders"):  # a checkout, an installed copy
-            files += sorted(shaders.glob("*.wgsl")) + sorted(shaders.glob("*.py"))
-        files = sorted(set(files))
-        h = hashlib.sha256()
-        for f in files:
-            h.update(f.relative_to(pkg.parent).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-        _digest.append(h.digest())
-    return _digest[0]
+    any compiler change misses. Hashed once per process."""
+    pkg = Path(__file__).resolve().parent.parent
+    files = sorted(pkg.rglob("*.py"))
+    for shaders in (pkg.parent / "shaders", pkg / "shaders"):  # a checkout, an installed copy
+        files += sorted(shaders.glob("*.wgsl")) + sorted(shaders.glob("*.py"))
+    files = sorted(set(files))
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.relative_to(pkg.parent).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.digest()
 
 
 def _canonical(ir: Kernel) -> str:
@@ -147,7 +154,7 @@ class Slot:
             with open(self.path, "rb") as f:
                 data = f.read()
         except (FileNotFoundError, NotADirectoryError):
-            stats["misses"] += 1
+            record.stats["misses"] += 1
             return None
         except OSError as e:
             return self._bad(f"cannot read {self.path}: {e}")
@@ -166,21 +173,21 @@ class Slot:
             os.utime(self.path)  # pruning removes the least recently used entries
         except OSError:
             pass
-        stats["hits"] += 1
+        record.stats["hits"] += 1
         return ck
 
     def _bad(self, msg: str):
-        stats["bad_entries"] += 1
-        stats["misses"] += 1
-        _note("bad", msg)
+        record.stats["bad_entries"] += 1
+        record.stats["misses"] += 1
+        record.note("bad", msg)
         return None
 
     def store(self, ck: CompiledKernel) -> None:
         try:
             payload = pickle.dumps(ck, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
-            stats["write_errors"] += 1
-            _note("pickle", f"kernel '{ck.name}' cannot be stored: {type(e).__name__}: {e}")
+            record.stats["write_errors"] += 1
+            record.note("pickle", f"kernel '{ck.name}' cannot be stored: {type(e).__name__}: {e}")
             return
         data = _MAGIC + _HEADER.pack(zlib.crc32(payload), len(payload)) + payload
         tmp = None
@@ -191,18 +198,18 @@ class Slot:
                 f.write(data)
             os.replace(tmp, self.path)  # atomic: readers see the old entry or the whole new one
             tmp = None
-            stats["writes"] += 1
+            record.stats["writes"] += 1
         except OSError as e:
-            stats["write_errors"] += 1
-            _note("write", f"cannot write to {self.folder}: {e}")
+            record.stats["write_errors"] += 1
+            record.note("write", f"cannot write to {self.folder}: {e}")
         finally:
             if tmp is not None:
                 try:
                     os.unlink(tmp)
                 except OSError:
                     pass
-        if not _pruned:
-            _pruned.append(True)
+        if not record.pruned:
+            record.pruned = True
             prune(self.folder)
 
 

@@ -31,7 +31,7 @@ class CompileOptions:
     subgroups: bool = False             # WGSL subgroup operations (aggregated atomic adds)
     # on a CPU adapter a few thousand threads fill every core: multi-dimensional parallel loops
     # keep just enough leading dimensions parallel and loop over the rest in each thread
-    # (frontend/kernel.py _parallel_prefix); GPUs want every iteration as a thread (None)
+    # (frontend/parallel.py parallel_prefix); GPUs want every iteration as a thread (None)
     min_parallel: int | None = None
     # the most workgroups a range launch uses (the grid-stride loop does the rest): on a CPU
     # adapter every workgroup costs setup and barrier rounds, and a few hundred keep all cores

@@ -240,7 +240,7 @@ _PY_FUNCTIONS = {
 }
 # ALU ops with no Python function above, on purpose
 _NO_PY_FUNCTION = frozenset({
-    # written with an operator (lower.py's visit_BinOp / UnaryOp / Compare / BoolOp / IfExp)
+    # written with an operator (expressions.py's visit_BinOp / UnaryOp / Compare / BoolOp / IfExp)
     Op.NEG, Op.NOT, Op.BIT_NOT, Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.FLOORDIV, Op.MOD,
     Op.BIT_AND, Op.BIT_OR, Op.BIT_XOR, Op.SHL, Op.SHR, Op.AND, Op.OR,
     Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE, Op.SELECT,

@@ -1,8 +1,8 @@
 """What the lowering of one function carries around: its parsed source, and the loop and
-`return` context of the statement being lowered.
+`return` context of the statement being lowered; and how messages name a Python construct.
 
-Shared by lower.py (the visitor), loops.py, inline.py and kernel.py, which import it, never the
-other way round.
+Shared by lower.py (the visitor, with statements.py and expressions.py), loops.py, inline.py and
+kernel.py, which import it, never the other way round.
 """
 from __future__ import annotations
 
@@ -138,3 +138,16 @@ class ReturnCtx:
 
 def contains_return(node: ast.AST) -> bool:
     return any(isinstance(n, ast.Return) for n in ast.walk(node))
+
+
+def construct_name(node: ast.AST) -> str:
+    """How a message names a Python construct: `lambda is not supported in kernels`."""
+    names = {"Lambda": "lambda", "ListComp": "list comprehension", "DictComp": "dict comprehension",
+             "SetComp": "set comprehension", "GeneratorExp": "generator expression", "Try": "try/except",
+             "With": "with", "FunctionDef": "a nested function definition", "ClassDef": "a class definition",
+             "Global": "global", "Nonlocal": "nonlocal", "Delete": "del", "Raise": "raise",
+             "Import": "import", "ImportFrom": "import", "Yield": "yield", "Await": "await",
+             "Dict": "a dict literal", "Set": "a set literal", "NamedExpr": "the walrus operator :=",
+             "Match": "match", "AsyncFor": "async for", "Lambda_": "lambda", "Starred": "star unpacking"}
+    n = type(node).__name__
+    return names.get(n, f"'{n}'")

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import sysconfig
 import types
-import weakref
 
 from ..errors import CompileError, WgpuAdError
 from ..types import u1
@@ -53,7 +53,11 @@ _PYTHON_ONLY = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.T
                 ast.Set, ast.Raise, ast.ClassDef, ast.Delete, ast.Await, ast.AsyncFunctionDef)
 
 
-_plain: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # function -> its PlainFunc
+@functools.cache
+def _plain(fn) -> PlainFunc:
+    """fn's PlainFunc, the same one for the process (as a PlainFunc holds its function, a weak
+    mapping would keep it as long)."""
+    return PlainFunc(fn)
 
 
 _STDLIB = tuple(os.path.normcase(os.path.realpath(sysconfig.get_paths()[k])) + os.sep for k in ("stdlib", "platstdlib"))
@@ -83,10 +87,7 @@ def inlinable(obj):
     root = module_root(obj)
     if root in NUMERIC_MODULES or root == "wgpu_ad" or _in_stdlib(obj.__code__.co_filename):
         return None
-    f = _plain.get(obj)
-    if f is None:
-        f = _plain[obj] = PlainFunc(obj)
-    return f
+    return _plain(obj)
 
 
 def _user_code(fl) -> bool:

@@ -4,7 +4,7 @@ Everything known at compile time (strings, Python numbers, the brackets and comm
 f-string text) is folded into the text of a plan.Print record; the values computed on the GPU
 become the statement's operands, each with a plan.PrintValue saying how the host formats it
 (dtype, format spec, conversion). The kernel only writes the values' bits; the host formats the
-line after the launch (codegen/wgsl.py, runtime/printing.py), with Python's format() rules:
+line after the launch (codegen/statements.py, runtime/printing.py), with Python's format() rules:
 f-strings, str.format() and format specs (`{v:.3f}`) work as in Python.
 """
 from __future__ import annotations

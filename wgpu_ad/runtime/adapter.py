@@ -1,6 +1,7 @@
 """Choosing a WebGPU adapter: arch names, preference order, and what to install when there is none."""
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -45,9 +46,6 @@ KEY_LIMITS = (
     "max-compute-workgroup-storage-size",
 )
 
-_adapters_cache: list | None = None
-
-
 def install_instructions() -> str:
     """What to install so that wgpu finds an adapter, for the platform we run on."""
     lines = [
@@ -83,16 +81,15 @@ def _default_runtime_dir() -> None:
     os.environ["XDG_RUNTIME_DIR"] = folder
 
 
+@functools.cache
 def enumerate_adapters() -> list:
-    """All adapters wgpu sees; enumerated once per process (the first call takes ~0.5 s)."""
-    global _adapters_cache
-    if _adapters_cache is None:
-        _default_runtime_dir()
-        try:
-            _adapters_cache = list(wgpu.gpu.enumerate_adapters_sync())
-        except Exception as e:  # wgpu-native could not load any backend
-            raise GpuError(f"wgpu could not enumerate adapters ({e}).\n{install_instructions()}") from e
-    return _adapters_cache
+    """All adapters wgpu sees; enumerated once per process (the first call takes ~0.5 s; a failure
+    is not kept, so the next call tries again)."""
+    _default_runtime_dir()
+    try:
+        return list(wgpu.gpu.enumerate_adapters_sync())
+    except Exception as e:  # wgpu-native could not load any backend
+        raise GpuError(f"wgpu could not enumerate adapters ({e}).\n{install_instructions()}") from e
 
 
 def describe(adapter) -> str:

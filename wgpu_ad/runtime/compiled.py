@@ -22,7 +22,7 @@ from typing import Any
 
 # error buffer layout: [0] = 1 + index of the failed assert (0 = no error), [1..] = its values' bits;
 # then one more word, LOOP_LIMIT_WORD, set by kernels whose loops the driver stopped early
-# (CompiledKernel.loop_check; checked at the next read-back, runtime/device.py)
+# (CompiledKernel.loop_check; checked at the next read-back, runtime/transfers.py)
 ERROR_WORDS = 16
 LOOP_LIMIT_WORD = ERROR_WORDS
 

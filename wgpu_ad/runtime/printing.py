@@ -6,7 +6,7 @@ per line: the launch's tag, the index of the print() in the kernel (its plan.Pri
 the values. A thread reserves its record with an atomic add, so its lines are in the buffer in
 the order it printed them; lines of different threads are in the order they reached the buffer.
 
-Launches are not waited for (device.py), so the records are read at the next read-back: the
+Launches are not waited for (batch.py), so the records are read at the next read-back: the
 header comes back in the same copy as the data read (no extra wait), and only when something was
 printed are the records read too. Each launch that prints gets a tag: its position in the list
 of such launches since the last read-back, which names its kernel and its print() records.

@@ -52,7 +52,7 @@ Why no two threads write the same element, and each contribution lands where the
   - the replay of p in thread w computes what thread p computed: the body does not depend on the
     thread other than through its loop index (no random numbers, no workgroup operations), runs
     no serial loop (so it needs no stacks, and the CPU adapters' serial trailing dimensions,
-    frontend/kernel.py `_parallel_prefix`, are not seen here), and has no break, continue or
+    frontend/parallel.py `parallel_prefix`, are not seen here), and has no break, continue or
     return.
 
 The gather task runs over the box of elements that can receive a contribution: per parallel
@@ -192,7 +192,7 @@ def _domain(orig: Task, loop_dims: dict):
         return None
     if len(dims) == 1:
         return ([(begin.attr, end.attr - 1)], None, [dims[0]]) if dims[0] is idx[0] else None
-    # the frontend's decoding (frontend/kernel.py _range_task): q_d = r - (r / E_d) * E_d, r = r / E_d
+    # the frontend's decoding (frontend/parallel.py range_task): q_d = r - (r / E_d) * E_d, r = r / E_d
     if begin.attr != 0:
         return None
     r, extents = idx[0], {}

@@ -1,7 +1,7 @@
 """Pair loops on CPU adapters: gathers instead of scatters in the adjoint.
 
 On a CPU adapter `for i, j in ti.ndrange(N, M)` runs i in parallel and j as a serial loop in each
-thread (frontend/kernel.py `_parallel_prefix`). In its adjoint, the gradient of a load x[i] is
+thread (frontend/parallel.py `parallel_prefix`). In its adjoint, the gradient of a load x[i] is
 summed in a register over the j loop and written once per thread, but the gradient of a load
 x[j] is an atomic add from every thread into the same element in every iteration. lavapipe sums
 those per subgroup before the one atomic (passes/prereduce.py), and that subgroup sum alone costs
