@@ -368,3 +368,17 @@ def test_prune_removes_the_least_recently_used(tmp_path):
     assert cache.prune(tmp_path, limit=1000) == 0
     assert cache.prune(tmp_path, limit=300) == 3   # down to 3/4 of the limit
     assert sorted(p.name for p in tmp_path.iterdir()) == ["3.wgk", "4.wgk"]
+
+
+def test_prune_leaves_another_process_s_half_written_entry(tmp_path):
+    """A .tmp- file is an entry another process is writing (os.replace publishes it): deleting it
+    would lose that write, so prune neither removes nor counts it."""
+    old = tmp_path / ".tmp-abc.wgk"
+    old.write_bytes(b"x" * 1000)
+    os.utime(old, (1_000_000, 1_000_000))  # the oldest file in the folder
+    for k in range(3):
+        p = tmp_path / f"{k}.wgk"
+        p.write_bytes(b"x" * 100)
+        os.utime(p, (1_000_100 + k, 1_000_100 + k))
+    assert cache.prune(tmp_path, limit=200) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-abc.wgk", "2.wgk"]

@@ -57,6 +57,11 @@ class KernelArgError(WgpuAdError, TypeError):
     """A kernel was called with an argument of the wrong type or shape."""
 
 
+class NoCompanionError(WgpuAdError, AttributeError):
+    """x.grad or x.dual of a field / ndarray that has none (an AttributeError: hasattr(x, "grad")
+    is False, as tools that inspect objects expect)."""
+
+
 class GpuError(WgpuAdError, RuntimeError):
     """WebGPU reported a validation error, out-of-memory or device loss."""
 

@@ -16,13 +16,15 @@ fields, the viewer's pipelines) registers with `on_close` once, at import.
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import threading
 import weakref
 from typing import Callable
 
 from .compiler.options import CompileOptions, check_changes, for_device
-from .errors import WgpuAdError
+from .errors import GpuError, WgpuAdError
+from .runtime.adapter import enumerate_adapters
 from .runtime.device import Runtime
 
 
@@ -122,16 +124,15 @@ class Session:
 
 
 # the open session (None before the first use and after ti.reset()), and the hooks run when one closes
-_state = {"session": None, "generation": 0}
+_state = {"session": None, "generation": 0, "lock": threading.RLock(), "forked_at": -1, "abandoned": []}
 _close_hooks: list[Callable[[], None]] = []
-_lock = threading.RLock()
 
 
 def current() -> Session:
     """The open session, opened with the defaults if ti.init() was not called."""
     s = _state["session"]
     if s is None:
-        with _lock:
+        with _state["lock"]:
             s = _state["session"]
             if s is None:
                 s = open_session()
@@ -140,7 +141,9 @@ def current() -> Session:
 
 def open_session(runtime_kwargs: dict | None = None, options: dict | None = None) -> Session:
     """Close the open session, if any, and open a new one (ti.init)."""
-    with _lock:
+    with _state["lock"]:
+        if _state.get("forked_with_gpu"):
+            raise GpuError(FORKED)
         if _state["session"] is not None:
             close()
         s = Session(_state["generation"], runtime_kwargs, options)
@@ -152,7 +155,7 @@ def open_session(runtime_kwargs: dict | None = None, options: dict | None = None
 
 def close() -> None:
     """Close the open session (ti.reset()): the device, fields and compiled kernels go."""
-    with _lock:
+    with _state["lock"]:
         s = _state["session"]
         _state["generation"] += 1
         _state["session"] = None
@@ -160,6 +163,42 @@ def close() -> None:
             s.close()
         for hook in list(_close_hooks):
             hook()
+
+
+def _after_fork_in_child() -> None:
+    """os.fork() copies no GPU device, and the parent's one hangs when used from the child: the
+    child starts without a session. If the parent had not touched the GPU, the child's first use
+    (or its ti.init()) opens one as usual; if it had, opening one is refused with the fix (spawn),
+    since a new device hangs too. What the parent made is refused, naming the fork."""
+    _state["lock"] = threading.RLock()  # (another thread of the parent may have held it)
+    s = _state["session"]
+    _state["session"] = None
+    _state["generation"] += 1
+    _state["forked_at"] = _state["generation"]
+    if s is not None:  # the parent's device: never used, nor released, here
+        s.closed = True
+        _state["abandoned"].append(s)
+    # the GPU driver's state (its threads, the parent's wgpu instance) does not survive a fork: a
+    # device made here after one was made in the parent hangs at its first submit (lavapipe, seen)
+    _state["forked_with_gpu"] = enumerate_adapters.cache_info().currsize > 0
+    enumerate_adapters.cache_clear()
+    for hook in list(_close_hooks):
+        hook()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+FORKED = ("this process was forked (os.fork(), multiprocessing's default 'fork' start method on Linux, torch "
+          "DataLoader workers) from one in which wgpu_ad had already used the GPU; the GPU driver's state does not "
+          "survive a fork, so wgpu_ad cannot open a device here (it would hang). Start worker processes with the "
+          "'spawn' method (multiprocessing.get_context('spawn'), torch.multiprocessing.spawn, DataLoader(..., "
+          "multiprocessing_context='spawn')), or fork before the parent first uses wgpu_ad")
+
+
+def made_before_fork(generation: int) -> bool:
+    """Whether data of this generation was made by the parent of this forked process."""
+    return generation < _state["forked_at"]
 
 
 def on_close(hook: Callable[[], None]) -> None:
@@ -229,4 +268,4 @@ def _flush_prints(rt: Runtime | None) -> None:
 atexit.register(lambda: _flush_prints(_state["session"]._runtime if _state["session"] else None))
 
 __all__ = ["AdContext", "Session", "current", "open_session", "close", "on_close", "generation", "runtime",
-           "sync", "compile_options", "set_compile_options", "ad", "use_autodiff", "autodiff"]
+           "sync", "compile_options", "set_compile_options", "ad", "use_autodiff", "autodiff", "made_before_fork"]

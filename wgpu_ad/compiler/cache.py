@@ -241,7 +241,8 @@ def prune(folder: Path, limit: int = MAX_BYTES) -> int:
     try:
         files = []
         for e in os.scandir(folder):
-            if e.is_file():
+            # (a .tmp- file is another process's entry being written: os.replace will publish it)
+            if e.is_file() and not e.name.startswith(".tmp-"):
                 st = e.stat()
                 files.append((st.st_mtime, st.st_size, e.path))
     except OSError:

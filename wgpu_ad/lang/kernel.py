@@ -64,6 +64,9 @@ class Func:
     def __call__(self, *args, **kwargs):
         raise WgpuAdError(f"@ti.func '{self.fn.__name__}' can only be called from a kernel or another ti.func")
 
+    def __reduce__(self):
+        return _reduce_by_name(self, "ti.func")
+
     def __get__(self, obj, objtype=None):
         """A @ti.func method of a @ti.data_oriented class: obj.f(...) in a kernel passes obj as self."""
         return self if obj is None else types.MethodType(self, obj)
@@ -87,6 +90,26 @@ def _annotation(fn, p: inspect.Parameter):
         except Exception as e:
             raise CompileError(f"kernel '{fn.__name__}': cannot evaluate the annotation of '{p.name}': {e}")
     return ann
+
+
+def _by_name(module: str, qualname: str):
+    """The kernel or ti.func `module.qualname` (what a pickled one names), imported."""
+    import importlib
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _reduce_by_name(obj, what: str):
+    """Pickle a @ti.kernel / @ti.func by reference (its module and qualified name, as Python pickles
+    functions), so a worker process imports it and compiles it for its own device."""
+    mod, qual = obj.fn.__module__, obj.fn.__qualname__
+    if "<locals>" in qual:
+        raise TypeError(f"{what} '{obj.__name__}' cannot be pickled: it is defined inside a function "
+                        f"({qual}), so another process cannot import it by name; define it at the top level of a "
+                        f"module")
+    return _by_name, (mod, qual)
 
 
 class Kernel:
@@ -128,6 +151,9 @@ class Kernel:
         # objects passed for template arguments (a data-oriented `self`), kept alive: compiled
         # kernels are found by the object's id, which must not be reused by a later object
         self._pinned: dict[int, Any] = {}
+
+    def __reduce__(self):
+        return _reduce_by_name(self, "kernel")
 
     def __get__(self, obj, objtype=None):
         """obj.kernel(...) on a @ti.data_oriented object: the kernel with obj as self."""

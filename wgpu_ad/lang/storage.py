@@ -15,7 +15,7 @@ import weakref
 import numpy as np
 
 from ..types import DType, f16, to_dtype, u1
-from ..errors import WgpuAdError
+from ..errors import NoCompanionError, WgpuAdError
 from .. import session as _rt
 
 
@@ -148,7 +148,7 @@ class Storage(ABC):
         """The gradient: a field (ndarray) of the same shape and dtype; an error naming the fix
         when there is none."""
         if self._grad is None:
-            raise WgpuAdError(self._no_grad_message())
+            raise NoCompanionError(self._no_grad_message())
         return self._grad
 
     def _no_grad_message(self) -> str:
@@ -165,7 +165,7 @@ class Storage(ABC):
     def dual(self) -> "Storage":
         """The tangent of forward mode (ti.ad.FwdMode): a storage like this one."""
         if self._dual is None:
-            raise WgpuAdError(self._no_dual_message())
+            raise NoCompanionError(self._no_dual_message())
         return self._dual
 
     def _no_dual_message(self) -> str:
@@ -237,6 +237,13 @@ class Storage(ABC):
 
     def _check_alive(self) -> None:
         if self._gen != _rt.generation():
+            if _rt.made_before_fork(self._gen):
+                raise WgpuAdError(
+                    f"{self._label()} was created by the parent of this process, before os.fork(); a forked "
+                    f"process has no GPU device of its parent's, so it cannot use it. Create it again here after "
+                    f"ti.init(), or start worker processes with the 'spawn' method "
+                    f"(multiprocessing.get_context('spawn'); for torch: DataLoader(..., "
+                    f"multiprocessing_context='spawn'))")
             raise WgpuAdError(f"{self._label()} was created before ti.reset() / ti.init() and is gone; "
                               f"create it again after ti.init()")
 
@@ -408,6 +415,12 @@ class Storage(ABC):
         n = (self.nbytes + 3) // 4 * 4  # buffers are rounded up alike, so whole words are safe
         _rt.runtime().copy(other.gpu_buffer(), self.gpu_buffer(), n)
         self.wrote("copy_from")
+
+    def __reduce__(self):
+        n = self.name or "x"
+        raise TypeError(f"{self._label()} cannot be pickled: its data lives on this process's GPU device. Send "
+                        f"{n}.to_numpy() instead, and make the {self._kind} again on the other side (ti.{self._kind}"
+                        f"(...) then .from_numpy(...)); a @ti.kernel pickles by name")
 
     def __repr__(self) -> str:
         shape = self._shape if self._shape is not None else "unplaced"
