@@ -1,6 +1,6 @@
 """Runs a CompiledKernel with raw wgpu-py, independent of wgpu_ad.runtime (codegen tests only).
 
-Follows the binding contract of wgpu_ad/runtime/compiled.py: group 0, the uniform argument block
+Follows the binding contract of wgpu_ad/plan.py: group 0, the uniform argument block
 bound with a dynamic offset, storage buffers by key, the error and return buffers.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from wgpu_ad.ir.builder import Builder
 from wgpu_ad.ir.nodes import ArgSlot, Block, Buffer, Kernel, Task
 from wgpu_ad.ir.ops import Op
 from wgpu_ad.ir.verifier import verify
-from wgpu_ad.runtime.compiled import ERROR_WORDS, CompiledKernel
+from wgpu_ad.plan import ERROR_WORDS, CompiledKernel
 from wgpu_ad.types import i32, u32
 
 ARGS_OFFSET = 256   # the argument block sits at a non-zero dynamic offset, as in the runtime

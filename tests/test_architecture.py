@@ -81,3 +81,17 @@ def test_tape_after_plain_launches_is_unaffected():
         total()
     assert loss[None] == 30.0
     np.testing.assert_allclose(x.grad.to_numpy(), [2, 4, 6, 8], rtol=1e-6)
+
+
+def test_the_compiler_and_the_runtime_meet_only_in_plan_py():
+    """codegen/ and compiler/ hand the runtime plain records (plan.py) and import nothing of it;
+    the runtime imports nothing of the compiler or the IR."""
+    known = A.modules()
+    bad = []
+    for name, path in known.items():
+        for t in A.imports(name, path, known):
+            if A.unit(name) in ("codegen", "compiler", "ir", "passes", "frontend") and A.unit(t) == "runtime":
+                bad.append(f"{name} -> {t}")
+            if A.unit(name) == "runtime" and A.unit(t) in ("codegen", "compiler", "ir", "passes", "frontend"):
+                bad.append(f"{name} -> {t}")
+    assert not bad, "imports across the compiler / runtime boundary:\n" + "\n".join(bad)

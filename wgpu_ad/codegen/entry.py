@@ -10,7 +10,7 @@ from ..errors import CompileError
 from ..ir.nodes import Block, walk
 from ..ir.ops import Op
 from ..ir.utils import jumps_to_loop
-from ..runtime.compiled import LOOP_LIMIT_WORD
+from ..plan import LOOP_LIMIT_WORD
 from ..types import i32
 from .common import ARGS_VAR, ERR_VAR, INDENT
 from .ops_table import convert

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import plan
 from ..ir.nodes import ArgSlot, Kernel, walk_task
 from ..ir.ops import Op
-from ..runtime.compiled import CompiledKernel, CompiledTask
+from ..plan import CompiledKernel, CompiledTask
 from ..types import f16, u32
 from .ops_table import word_dtype
 from .plan import stack_words, task_plan, words_of

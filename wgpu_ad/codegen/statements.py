@@ -10,7 +10,7 @@ from __future__ import annotations
 from .. import plan
 from ..ir.nodes import Block, Stmt, walk
 from ..ir.ops import Op
-from ..runtime.compiled import ERROR_WORDS, LOOP_LIMIT_WORD
+from ..plan import ERROR_WORDS, LOOP_LIMIT_WORD
 from ..types import DType, f16, f32, i32, u1, u32
 from .common import ARGS_VAR, ERR_VAR, INDENT, PRINT_VAR, RET_VAR, _fail, kept_assert
 from .ops_table import ALU, convert, from_bits, literal, spell, to_bits, word_dtype, zero

@@ -3,7 +3,7 @@
 A module is: a banner, `enable f16;` when needed, the argument struct and the bindings a task
 uses, helper functions copied from shaders/, then `main`. Statements become one `let` each,
 named after the user's variables; constants and arguments are written inline at their uses.
-The binding contract with the runtime is described in wgpu_ad/runtime/compiled.py.
+The binding contract with the runtime is described in wgpu_ad/plan.py.
 
 This file holds the assembling: TaskEmitter reads what the task uses (_scan), names the module's
 buffers and helpers, and writes the header, bindings and helpers around `main`. The rest of the
@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..errors import CompileError
 from ..ir.nodes import Kernel, Stmt, Task, walk_task
 from ..ir.ops import AtomicKind, Op
-from ..runtime.compiled import BindingSpec
+from ..plan import BindingSpec
 from .. import shaders
 from ..types import f16, u1
 from .aggregate import subgroup_atomics

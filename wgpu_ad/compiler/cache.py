@@ -29,7 +29,7 @@ from pathlib import Path
 from ..errors import debug_enabled
 from ..ir.nodes import ArgSlot, Buffer, Kernel, Stmt, walk_task
 from ..ir.printer import format_kernel
-from ..runtime.compiled import CompiledKernel
+from ..plan import CompiledKernel
 from .options import CompileOptions
 
 FORMAT = 2                  # bump when the entry layout changes

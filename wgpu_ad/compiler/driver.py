@@ -25,7 +25,7 @@ from ..passes.autodiff import NotFusable, dual_kernel, prepare_in_place, reverse
 from ..passes.autodiff.access import footprint
 from ..passes.autodiff.shadow import instrument
 from ..passes.pipeline import lower_for_codegen, optimize
-from ..runtime.compiled import CompiledKernel
+from ..plan import CompiledKernel
 from . import cache
 from .options import CompileOptions
 

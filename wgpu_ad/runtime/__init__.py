@@ -4,7 +4,7 @@ It knows CompiledKernel (plain data from the compiler) and nothing of the IR.
 """
 from .adapter import (ARCH_ENV_VAR, ARCHES, KEY_LIMITS, WANTED_FEATURES, adapter_report, amdgpu, cpu, cuda, dx12,
                       enumerate_adapters, gpu, install_instructions, metal, opengl, select_adapter, vulkan)
-from .compiled import ERROR_WORDS, BindingSpec, CompiledKernel, CompiledTask
+from ..plan import ERROR_WORDS, BindingSpec, CompiledKernel, CompiledTask
 from .device import Runtime
 
 __all__ = [

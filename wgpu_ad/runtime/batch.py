@@ -17,7 +17,7 @@ from typing import Callable
 import wgpu
 
 from ..errors import GpuError
-from .compiled import CompiledKernel
+from ..plan import CompiledKernel
 from .pipelines import WGPU_ERRORS
 
 UNIFORM_CAPACITY = 256 * 1024  # one batch's args; >= 64 KiB (max uniform binding) + alignment

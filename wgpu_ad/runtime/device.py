@@ -15,7 +15,7 @@ from ..types import f32, to_dtype
 from ..errors import GpuError, WgpuAdError
 from . import adapter as _adapter
 from .batch import MAX_PENDING, UNIFORM_CAPACITY, Batching, Deferred
-from .compiled import ERROR_WORDS
+from ..plan import ERROR_WORDS
 from .device_errors import ErrorChecks, lost_watcher
 from .pipelines import PipelineCache
 from .printing import DEFAULT_LINES as DEFAULT_PRINT_LINES, PrintBuffer

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..types import to_dtype
 from ..errors import GpuError, KernelAssertionError, KernelRuntimeError
-from .compiled import ERROR_WORDS, LOOP_LIMIT_WORD, CompiledKernel
+from ..plan import ERROR_WORDS, LOOP_LIMIT_WORD, CompiledKernel
 
 LOOP_PROBE = 70_000                # iterations of the loop that tells whether the driver limits loops
 
@@ -55,7 +55,7 @@ class ErrorChecks:
         return done != LOOP_PROBE
 
     def _check_loops(self, stopped: int, names: list) -> None:
-        """Raise when a loop-checked kernel's loop was stopped by the driver (see compiled.py);
+        """Raise when a loop-checked kernel's loop was stopped by the driver (see plan.py);
         names: the loop-checked kernels launched since the last read-back."""
         if not stopped:
             return

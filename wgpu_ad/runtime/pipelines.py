@@ -11,7 +11,7 @@ from typing import Callable
 import wgpu
 
 from ..errors import GpuError
-from .compiled import CompiledKernel, CompiledTask
+from ..plan import CompiledKernel, CompiledTask
 
 WGPU_ERRORS = (wgpu.GPUError, wgpu.GPUPipelineError)
 _WGSL_POS = re.compile(r"wgsl:(\d+):(\d+)")

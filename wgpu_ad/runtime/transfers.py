@@ -10,7 +10,7 @@ import wgpu
 
 from ..types import DType
 from ..errors import GpuError
-from .compiled import LOOP_LIMIT_WORD
+from ..plan import LOOP_LIMIT_WORD
 from .pipelines import WGPU_ERRORS
 from .printing import HEADER as PRINT_HEADER
 
