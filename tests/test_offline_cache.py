@@ -179,22 +179,32 @@ def test_after_reset_kernels_come_from_disk(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("damage", ["truncated", "flipped byte", "not a kernel", "empty"])
+@pytest.mark.parametrize("damage", ["truncated", "flipped byte", "not a kernel", "empty", "another key's entry",
+                                    "an older version's entry"])
 def test_a_damaged_entry_is_compiled_again(tmp_path, damage):
+    import pickle
+    import struct
+    import zlib
     fresh(tmp_path)
     run_program(*make_program())
     entries = sorted(tmp_path.glob("*.wgk"))
     assert len(entries) == ENTRIES
-    for e in entries:
+    originals = [e.read_bytes() for e in entries]
+    for k, e in enumerate(entries):
         data = e.read_bytes()
+        payload_at = len(cache._MAGIC) + struct.calcsize("<IQ")
+        if damage == "another key's entry":  # well-formed, for another kernel (a file renamed by hand)
+            data = originals[(k + 1) % len(entries)]
+        elif damage == "an older version's entry":  # a record field added since the entry was written
+            key, ck = pickle.loads(data[payload_at:])
+            del ck.tasks[0].__dict__["loc"]
+            payload = pickle.dumps((key, ck))
+            data = cache._MAGIC + struct.pack("<IQ", zlib.crc32(payload), len(payload)) + payload
         if damage == "truncated":
             data = data[:len(data) // 2]
         elif damage == "flipped byte":
             data = data[:-10] + bytes([data[-10] ^ 0x40]) + data[-9:]
         elif damage == "not a kernel":  # a well-formed entry that holds something else
-            import pickle
-            import struct
-            import zlib
             payload = pickle.dumps(1) + pickle.dumps(2)
             data = cache._MAGIC + struct.pack("<IQ", zlib.crc32(payload), len(payload)) + payload
         else:

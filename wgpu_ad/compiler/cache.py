@@ -15,6 +15,7 @@ folder means a recompile (noted once in the 'wgpu_ad.cache' log), never an error
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -121,6 +122,23 @@ def _canonical(ir: Kernel) -> str:
     return "\n".join([text, repr(head), repr(list(locs)), repr(extra)])
 
 
+def _missing_fields(obj, where: str = "CompiledKernel", depth: int = 3) -> list[str]:
+    """The dataclass fields an unpickled record (and the records it holds) lacks: pickle restores
+    what was stored, and an entry of an older wgpu_ad may miss a field added since."""
+    if depth == 0 or not dataclasses.is_dataclass(obj):
+        return []
+    out = []
+    for f in dataclasses.fields(obj):
+        if f.name not in obj.__dict__:
+            out.append(f"{where}.{f.name}")
+            continue
+        value = obj.__dict__[f.name]
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for v in items:
+            out += _missing_fields(v, f"{where}.{f.name}", depth - 1)
+    return sorted(set(out))
+
+
 class Slot:
     """Where one compiled kernel lives on disk."""
 
@@ -164,9 +182,15 @@ class Slot:
             payload = memoryview(data)[n + _HEADER.size:]
             if data[:n] != _MAGIC or len(payload) != size or zlib.crc32(payload) != crc:
                 return self._bad(f"{self.path} is truncated or corrupt")
-            ck = pickle.loads(payload)
-            if not isinstance(ck, CompiledKernel):
+            entry = pickle.loads(payload)
+            if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], CompiledKernel)):
                 return self._bad(f"{self.path} does not hold a kernel")
+            key, ck = entry
+            if key != self.key:  # (a file copied or renamed by hand)
+                return self._bad(f"{self.path} holds the kernel of another key ({key})")
+            missing = _missing_fields(ck)
+            if missing:  # written by another version of wgpu_ad: recompiled, not run half-read
+                return self._bad(f"{self.path} lacks {', '.join(missing)} (written by another version)")
         except Exception as e:  # any damage an unpickler can report
             return self._bad(f"{self.path} cannot be loaded: {type(e).__name__}: {e}")
         try:
@@ -184,7 +208,7 @@ class Slot:
 
     def store(self, ck: CompiledKernel) -> None:
         try:
-            payload = pickle.dumps(ck, protocol=pickle.HIGHEST_PROTOCOL)
+            payload = pickle.dumps((self.key, ck), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
             record.stats["write_errors"] += 1
             record.note("pickle", f"kernel '{ck.name}' cannot be stored: {type(e).__name__}: {e}")
