@@ -410,3 +410,52 @@ def test_no_driver_noise_when_xdg_runtime_dir_is_unset(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "XDG_RUNTIME_DIR" not in r.stderr, r.stderr
     assert r.stdout.strip() == "[0.0, 2.0, 4.0, 6.0] 0o700"
+
+
+def _interrupt_once(monkeypatch, cls, name, after: bool = False):
+    """cls.name raises KeyboardInterrupt on its next call only (as Ctrl-C landing there would),
+    before it does anything or, with after=True, once it has done its work (a mapped buffer)."""
+    orig = getattr(cls, name)
+    state = {"armed": True}
+
+    def wrapper(self, *a, **k):
+        if state["armed"]:
+            state["armed"] = False
+            if after:
+                orig(self, *a, **k)
+            raise KeyboardInterrupt
+        return orig(self, *a, **k)
+    monkeypatch.setattr(cls, name, wrapper)
+    return state
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("where", ["map_sync", "submit", "end"])
+def test_ctrl_c_inside_a_read_back_or_a_submit_leaves_the_runtime_usable(monkeypatch, where):
+    """A KeyboardInterrupt that lands while a read-back maps its buffer, while the batch is
+    submitted or while the compute pass ends comes out as itself, and the next launches and reads
+    work (it left the buffer mapped or the encoder finished: every later call failed)."""
+    x = ti.field(ti.f32, shape=16)
+
+    @ti.kernel
+    def add(v: ti.f32):
+        for i in x:
+            x[i] += v
+
+    add(1.0)
+    assert x.to_numpy().tolist() == [1.0] * 16
+    rt = ti.get_runtime()
+    add(2.0)  # recorded, not yet submitted
+    owner = {"map_sync": type(rt._staging), "submit": type(rt.queue),
+             "end": type(rt._pass)}[where]
+    state = _interrupt_once(monkeypatch, owner, where, after=where == "map_sync")
+    with pytest.raises(KeyboardInterrupt):
+        x.to_numpy()
+    assert not state["armed"]
+    add(4.0)
+    got = x.to_numpy()
+    # the interrupted batch was either submitted (map_sync: it ran) or dropped with the interrupt
+    expected = 7.0 if where == "map_sync" else 5.0
+    assert got.tolist() == [expected] * 16, (where, got)
+    add(1.0)
+    assert x.to_numpy().tolist() == [expected + 1.0] * 16

@@ -140,6 +140,9 @@ class Batching:
             except WGPU_ERRORS as e:
                 self._drop_batch()
                 raise self._batch_error(e) from None
+            except BaseException:  # Ctrl-C: the batch is lost, the runtime stays usable
+                self._drop_batch()
+                raise
 
     def _count_pending(self, what: str) -> None:
         self._batch_kernels.append(f"<{what}>")
@@ -154,6 +157,7 @@ class Batching:
         if self._encoder is None:
             return
         self._end_pass()
+        err = None
         try:
             if self._uoff:
                 self.queue.write_buffer(self._ubuf, 0, memoryview(self._ubytes)[: self._uoff])
@@ -162,9 +166,10 @@ class Batching:
             self.queue.submit([self._encoder.finish()])
         except WGPU_ERRORS as e:
             err = self._batch_error(e)
+        finally:  # whatever happened (Ctrl-C too), the next launch starts a fresh encoder
             self._drop_batch()
+        if err is not None:
             raise err from None
-        self._drop_batch()
 
     def _drop_batch(self) -> None:
         self._encoder = self._pass = self._last_pipeline = None

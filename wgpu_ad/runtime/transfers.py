@@ -99,12 +99,17 @@ class Transfers:
         if printed:
             enc.copy_buffer_to_buffer(self.prints.buffer, 0, staging, size + watch, printed)
         self.flush()
+        done = False
         try:
             staging.map_sync(wgpu.MapMode.READ, 0, total)
             data = staging.read_mapped(0, total)  # a copy (memoryview of a bytearray)
             staging.unmap()
+            done = True
         except WGPU_ERRORS as e:
             raise GpuError(f"reading buffer '{buffer.label}' back failed: {e}") from None
+        finally:
+            if not done:  # (an exception, Ctrl-C among them, while mapping: never leave it mapped)
+                self._discard_staging(staging)
         self._raise_if_lost()
         watched = list(self._loop_watch)
         self._loop_watch.clear()
@@ -155,6 +160,16 @@ class Transfers:
         if offset < 0 or offset + nbytes > buffer.size:
             raise GpuError(f"{what} of {nbytes} bytes at offset {offset} is outside buffer "
                            f"'{buffer.label}' ({buffer.size} bytes)")
+
+    def _discard_staging(self, staging) -> None:
+        """A read-back buffer an interrupted read left mapped (or mapping): unmapped if it can be,
+        and never used again (a later submit would fail on a mapped buffer)."""
+        if self._staging is staging:
+            self._staging = None
+        try:
+            staging.unmap()
+        except Exception:
+            pass
 
     def _staging_buffer(self, size: int):
         st = self._staging
