@@ -65,6 +65,7 @@ class Session:
         # launches that kept no autodiff records (made while nothing had a gradient or a dual):
         # kernel.grad() refuses to trust a record older than one of them
         self.unlogged_launches = 0
+        self.open_tapes: dict[int, str] = {}  # thread id -> where its open ti.ad.Tape was entered
 
     def track_companion(self, owner) -> None:
         """`owner` got a gradient or a dual: launches keep autodiff records while it lives."""
@@ -87,9 +88,12 @@ class Session:
     def runtime(self) -> Runtime:
         rt = self._runtime
         if rt is None:
-            if self.closed:
-                raise WgpuAdError("this wgpu_ad session was closed (ti.reset()); its device is gone")
-            rt = self._runtime = Runtime(**self._runtime_kwargs)
+            with _state["lock"]:  # threads that start together must share one device
+                rt = self._runtime
+                if rt is None:
+                    if self.closed:
+                        raise WgpuAdError("this wgpu_ad session was closed (ti.reset()); its device is gone")
+                    rt = self._runtime = Runtime(**self._runtime_kwargs)
         return rt
 
     @property

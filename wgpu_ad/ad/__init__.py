@@ -11,7 +11,8 @@ from .checkpoint import CheckpointStats, checkpoint
 from .custom import GradReplaced, grad_for, grad_replaced, no_grad
 from .fwd import FwdMode, clear_all_duals
 from .gradcheck import GradCheckError, GradCheckReport
-from .tape import GradientWarning, Tape, clear_all_gradients
+from .flow import GradientWarning
+from .tape import Tape, clear_all_gradients
 from ..errors import DataAccessError, GradientNaNError
 
 __all__ = ["FwdMode", "clear_all_duals", "checkpoint", "CheckpointStats", "Tape", "clear_all_gradients", "grad_replaced",

@@ -32,53 +32,54 @@ class Batching:
                stack_words: int = 0, ret_buffer: wgpu.GPUBuffer | None = None) -> None:
         """Record one dispatch of ck.tasks[task_index]; buffers: one per position of the task's
         'buffer' bindings (BindingSpec.key); stack_words: autodiff stack words per thread."""
-        if self._deferred:
-            self.run_deferred()
-        tp = self._pipelines.kernel(ck).tasks[task_index]
-        ret = self.ret_buffer if ret_buffer is None else ret_buffer
-        key = (*map(id, buffers), id(ret))
-        if stack_words:
-            threads = 1 if tp.serial else workgroups * tp.task.workgroup_size
-            key = (*key, id(self._scratch(threads * stack_words * 4, ck.name)))
-        if tp.prints:
-            key = (*key, id(self.prints.buffer))
-        hit = tp.bind_groups.get(key)
-        bg = hit[0] if hit is not None else self._new_bind_group(ck, tp, key, buffers, ret)
+        with self._lock:  # one thread at a time records, submits or reads (issue 25)
+            if self._deferred:
+                self.run_deferred()
+            tp = self._pipelines.kernel(ck).tasks[task_index]
+            ret = self.ret_buffer if ret_buffer is None else ret_buffer
+            key = (*map(id, buffers), id(ret))
+            if stack_words:
+                threads = 1 if tp.serial else workgroups * tp.task.workgroup_size
+                key = (*key, id(self._scratch(threads * stack_words * 4, ck.name)))
+            if tp.prints:
+                key = (*key, id(self.prints.buffer))
+            hit = tp.bind_groups.get(key)
+            bg = hit[0] if hit is not None else self._new_bind_group(ck, tp, key, buffers, ret)
 
-        size = tp.args_size
-        if size:
-            if len(args) > size:
-                raise GpuError(f"kernel '{ck.name}': {len(args)} bytes of args for a {size}-byte uniform block")
-            if self._uoff + size > UNIFORM_CAPACITY:
-                self.flush()
-        if tp.serial:
-            workgroups = 1
-        elif not 0 < workgroups <= self.max_workgroups:
-            if workgroups == 0:
-                return  # an empty range: nothing to run
-            raise GpuError(f"kernel '{ck.name}': {workgroups} workgroups exceed this adapter's "
-                           f"max-compute-workgroups-per-dimension ({self.max_workgroups})")
-        cpass = self._pass
-        if cpass is None:
-            cpass = self._begin_pass()
-        if tp.pipeline is not self._last_pipeline:
-            cpass.set_pipeline(tp.pipeline)
-            self._last_pipeline = tp.pipeline
-        if size:
-            off = self._uoff
-            self._ubytes[off: off + len(args)] = args
-            self._uoff = off + tp.args_step
-            cpass.set_bind_group(0, bg, [off])
-        else:
-            cpass.set_bind_group(0, bg)
-        cpass.dispatch_workgroups(workgroups)
-        if ck.loop_check:
-            self._loop_watch[ck.name] = None
-        self.dispatch_count += 1
-        self._batch_kernels.append(ck.name)
-        self._pending += 1
-        if self._pending >= self.max_pending or self.debug:
-            self.flush()  # in debug mode each launch is submitted alone, so errors name their kernel
+            size = tp.args_size
+            if size:
+                if len(args) > size:
+                    raise GpuError(f"kernel '{ck.name}': {len(args)} bytes of args for a {size}-byte uniform block")
+                if self._uoff + size > UNIFORM_CAPACITY:
+                    self.flush()
+            if tp.serial:
+                workgroups = 1
+            elif not 0 < workgroups <= self.max_workgroups:
+                if workgroups == 0:
+                    return  # an empty range: nothing to run
+                raise GpuError(f"kernel '{ck.name}': {workgroups} workgroups exceed this adapter's "
+                               f"max-compute-workgroups-per-dimension ({self.max_workgroups})")
+            cpass = self._pass
+            if cpass is None:
+                cpass = self._begin_pass()
+            if tp.pipeline is not self._last_pipeline:
+                cpass.set_pipeline(tp.pipeline)
+                self._last_pipeline = tp.pipeline
+            if size:
+                off = self._uoff
+                self._ubytes[off: off + len(args)] = args
+                self._uoff = off + tp.args_step
+                cpass.set_bind_group(0, bg, [off])
+            else:
+                cpass.set_bind_group(0, bg)
+            cpass.dispatch_workgroups(workgroups)
+            if ck.loop_check:
+                self._loop_watch[ck.name] = None
+            self.dispatch_count += 1
+            self._batch_kernels.append(ck.name)
+            self._pending += 1
+            if self._pending >= self.max_pending or self.debug:
+                self.flush()  # in debug mode each launch is submitted alone, so errors name their kernel
 
     def _new_bind_group(self, ck, tp, key, buffers, ret):
         def resolve(kind: str, k: int):
@@ -115,9 +116,10 @@ class Batching:
 
     def run_deferred(self) -> None:
         """Run the deferred work now, in the order it was deferred."""
-        while self._deferred:
-            d = self._deferred.pop(0)
-            d.run()
+        with self._lock:  # one thread at a time records, submits or reads (issue 25)
+            while self._deferred:
+                d = self._deferred.pop(0)
+                d.run()
 
     # ---- submission ----------------------------------------------------------------------------
 
@@ -152,24 +154,25 @@ class Batching:
 
     def flush(self) -> None:
         """Submit everything recorded so far (without waiting for it)."""
-        if self._deferred:
-            self.run_deferred()
-        if self._encoder is None:
-            return
-        self._end_pass()
-        err = None
-        try:
-            if self._uoff:
-                self.queue.write_buffer(self._ubuf, 0, memoryview(self._ubytes)[: self._uoff])
-            if self._soff:
-                self.queue.write_buffer(self._sbuf, 0, memoryview(self._sbytes)[: self._soff])
-            self.queue.submit([self._encoder.finish()])
-        except WGPU_ERRORS as e:
-            err = self._batch_error(e)
-        finally:  # whatever happened (Ctrl-C too), the next launch starts a fresh encoder
-            self._drop_batch()
-        if err is not None:
-            raise err from None
+        with self._lock:  # one thread at a time records, submits or reads (issue 25)
+            if self._deferred:
+                self.run_deferred()
+            if self._encoder is None:
+                return
+            self._end_pass()
+            err = None
+            try:
+                if self._uoff:
+                    self.queue.write_buffer(self._ubuf, 0, memoryview(self._ubytes)[: self._uoff])
+                if self._soff:
+                    self.queue.write_buffer(self._sbuf, 0, memoryview(self._sbytes)[: self._soff])
+                self.queue.submit([self._encoder.finish()])
+            except WGPU_ERRORS as e:
+                err = self._batch_error(e)
+            finally:  # whatever happened (Ctrl-C too), the next launch starts a fresh encoder
+                self._drop_batch()
+            if err is not None:
+                raise err from None
 
     def _drop_batch(self) -> None:
         self._encoder = self._pass = self._last_pipeline = None

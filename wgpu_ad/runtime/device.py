@@ -9,6 +9,8 @@ asserts and checks, loops the driver stopped).
 """
 from __future__ import annotations
 
+import threading
+
 import wgpu
 
 from ..types import f32, to_dtype
@@ -80,6 +82,7 @@ class Runtime(Transfers, Batching, ErrorChecks):
         self._sbytes = bytearray(STAGED_CAPACITY)
         self._soff = 0
         self._staging = None
+        self._lock = threading.RLock()  # Batching and Transfers hold it: threads share the device
         self.error_buffer = self.create_storage((ERROR_WORDS + 1) * 4, "wgpu_ad.errors")
         self._loop_watch: dict[str, None] = {}  # loop-checked kernels launched since the last read-back
         self.ret_buffer = self.create_storage(16, "wgpu_ad.ret")

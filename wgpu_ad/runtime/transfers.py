@@ -38,38 +38,39 @@ class Transfers:
 
     def write(self, buffer: wgpu.GPUBuffer, data, offset: int = 0) -> None:
         """Write bytes / an array into buffer at byte offset, ordered after every earlier launch."""
-        if self._deferred:
-            self.run_deferred()
-        if isinstance(data, np.ndarray):
-            mv = memoryview(np.ascontiguousarray(data)).cast("B")
-        else:
-            mv = memoryview(data).cast("B")
-        n = len(mv)
-        if n == 0:
-            return
-        if offset % 4 or n % 4:  # WebGPU copies whole 4-byte words: read, patch, write back
-            a0, a1 = offset // 4 * 4, (offset + n + 3) // 4 * 4
-            span = bytearray(self.read(buffer, a1 - a0, a0))
-            span[offset - a0: offset - a0 + n] = mv
-            offset, mv = a0, memoryview(span)
-        self._check_range(buffer, offset, len(mv), "write")
-        if self._encoder is not None:
+        with self._lock:  # one thread at a time records, submits or reads (issue 25)
+            if self._deferred:
+                self.run_deferred()
+            if isinstance(data, np.ndarray):
+                mv = memoryview(np.ascontiguousarray(data)).cast("B")
+            else:
+                mv = memoryview(data).cast("B")
             n = len(mv)
-            if n <= _STAGE_LIMIT and self._soff + n <= STAGED_CAPACITY:
-                # a small write after recorded work (a tape's seed, x[i] = v between launches):
-                # a copy in the batch from bytes uploaded before its submit, instead of a submit now
-                off = self._soff
-                self._sbytes[off: off + n] = mv
-                self._soff = off + n
-                self._end_pass()
-                self._get_encoder().copy_buffer_to_buffer(self._sbuf, off, buffer, offset, n)
-                self._count_pending("write")
+            if n == 0:
                 return
-            self.flush()
-        try:
-            self.queue.write_buffer(buffer, offset, mv)
-        except WGPU_ERRORS as e:
-            raise GpuError(f"writing {n} bytes to buffer '{buffer.label}' failed: {e}") from None
+            if offset % 4 or n % 4:  # WebGPU copies whole 4-byte words: read, patch, write back
+                a0, a1 = offset // 4 * 4, (offset + n + 3) // 4 * 4
+                span = bytearray(self.read(buffer, a1 - a0, a0))
+                span[offset - a0: offset - a0 + n] = mv
+                offset, mv = a0, memoryview(span)
+            self._check_range(buffer, offset, len(mv), "write")
+            if self._encoder is not None:
+                n = len(mv)
+                if n <= _STAGE_LIMIT and self._soff + n <= STAGED_CAPACITY:
+                    # a small write after recorded work (a tape's seed, x[i] = v between launches):
+                    # a copy in the batch from bytes uploaded before its submit, instead of a submit now
+                    off = self._soff
+                    self._sbytes[off: off + n] = mv
+                    self._soff = off + n
+                    self._end_pass()
+                    self._get_encoder().copy_buffer_to_buffer(self._sbuf, off, buffer, offset, n)
+                    self._count_pending("write")
+                    return
+                self.flush()
+            try:
+                self.queue.write_buffer(buffer, offset, mv)
+            except WGPU_ERRORS as e:
+                raise GpuError(f"writing {n} bytes to buffer '{buffer.label}' failed: {e}") from None
 
     def read(self, buffer: wgpu.GPUBuffer, nbytes: int, offset: int = 0) -> bytes:
         """Bytes [offset, offset+nbytes) of buffer, after every launch recorded so far."""
@@ -77,84 +78,88 @@ class Transfers:
 
     def read_view(self, buffer: wgpu.GPUBuffer, nbytes: int, offset: int = 0) -> memoryview:
         """Like read(), as a writable memoryview (one copy less for big arrays)."""
-        if self._deferred:
-            self.run_deferred()
-        if nbytes <= 0:
-            return memoryview(bytearray())
-        self.readback_count += 1  # the viewer's tests check that drawing never reads fields back
-        a0, a1 = offset // 4 * 4, (offset + nbytes + 3) // 4 * 4
-        size = a1 - a0
-        self._check_range(buffer, a0, size, "read")
-        # loop-checked kernels ran: their loop word comes back in the same copy (no extra wait);
-        # so does the print buffer's header when kernels that print ran (printing.py)
-        watch = 4 if self._loop_watch else 0
-        printed = PRINT_HEADER * 4 if self.prints.launches else 0
-        total = size + watch + printed
-        staging = self._staging_buffer(total)
-        self._end_pass()
-        enc = self._get_encoder()
-        enc.copy_buffer_to_buffer(buffer, a0, staging, 0, size)
-        if watch:
-            enc.copy_buffer_to_buffer(self.error_buffer, LOOP_LIMIT_WORD * 4, staging, size, 4)
-        if printed:
-            enc.copy_buffer_to_buffer(self.prints.buffer, 0, staging, size + watch, printed)
-        self.flush()
-        done = False
-        try:
-            staging.map_sync(wgpu.MapMode.READ, 0, total)
-            data = staging.read_mapped(0, total)  # a copy (memoryview of a bytearray)
-            staging.unmap()
-            done = True
-        except WGPU_ERRORS as e:
-            raise GpuError(f"reading buffer '{buffer.label}' back failed: {e}") from None
-        finally:
-            if not done:  # (an exception, Ctrl-C among them, while mapping: never leave it mapped)
-                self._discard_staging(staging)
-        self._raise_if_lost()
-        watched = list(self._loop_watch)
-        self._loop_watch.clear()
-        if printed:  # the lines first: they may tell why a loop ran long
-            self.prints.collect(bytes(data[size + watch: total]))
-        if watch:
-            self._check_loops(int.from_bytes(data[size: size + 4], "little"), watched)
-        return data[offset - a0: offset - a0 + nbytes]
+        with self._lock:  # one thread at a time records, submits or reads (issue 25)
+            if self._deferred:
+                self.run_deferred()
+            if nbytes <= 0:
+                return memoryview(bytearray())
+            self.readback_count += 1  # the viewer's tests check that drawing never reads fields back
+            a0, a1 = offset // 4 * 4, (offset + nbytes + 3) // 4 * 4
+            size = a1 - a0
+            self._check_range(buffer, a0, size, "read")
+            # loop-checked kernels ran: their loop word comes back in the same copy (no extra wait);
+            # so does the print buffer's header when kernels that print ran (printing.py)
+            watch = 4 if self._loop_watch else 0
+            printed = PRINT_HEADER * 4 if self.prints.launches else 0
+            total = size + watch + printed
+            staging = self._staging_buffer(total)
+            self._end_pass()
+            enc = self._get_encoder()
+            enc.copy_buffer_to_buffer(buffer, a0, staging, 0, size)
+            if watch:
+                enc.copy_buffer_to_buffer(self.error_buffer, LOOP_LIMIT_WORD * 4, staging, size, 4)
+            if printed:
+                enc.copy_buffer_to_buffer(self.prints.buffer, 0, staging, size + watch, printed)
+            self.flush()
+            done = False
+            try:
+                staging.map_sync(wgpu.MapMode.READ, 0, total)
+                data = staging.read_mapped(0, total)  # a copy (memoryview of a bytearray)
+                staging.unmap()
+                done = True
+            except WGPU_ERRORS as e:
+                raise GpuError(f"reading buffer '{buffer.label}' back failed: {e}") from None
+            finally:
+                if not done:  # (an exception, Ctrl-C among them, while mapping: never leave it mapped)
+                    self._discard_staging(staging)
+            self._raise_if_lost()
+            watched = list(self._loop_watch)
+            self._loop_watch.clear()
+            if printed:  # the lines first: they may tell why a loop ran long
+                self.prints.collect(bytes(data[size + watch: total]))
+            if watch:
+                self._check_loops(int.from_bytes(data[size: size + 4], "little"), watched)
+            return data[offset - a0: offset - a0 + nbytes]
 
     def copy(self, src: wgpu.GPUBuffer, dst: wgpu.GPUBuffer, nbytes: int,
              src_offset: int = 0, dst_offset: int = 0) -> None:
         """Buffer-to-buffer copy, recorded in order with launches (offsets and size: multiples of 4)."""
-        if self._deferred:
-            self.run_deferred()
-        if nbytes <= 0:
-            return
-        if src_offset % 4 or dst_offset % 4 or nbytes % 4:
-            raise GpuError(f"copy of {nbytes} bytes at offsets {src_offset}, {dst_offset}: "
-                           f"WebGPU copies need offsets and sizes that are multiples of 4")
-        self._check_range(src, src_offset, nbytes, "copy from")
-        self._check_range(dst, dst_offset, nbytes, "copy to")
-        self._end_pass()
-        self._get_encoder().copy_buffer_to_buffer(src, src_offset, dst, dst_offset, nbytes)
-        self._count_pending("copy")
+        with self._lock:  # one thread at a time records, submits or reads (issue 25)
+            if self._deferred:
+                self.run_deferred()
+            if nbytes <= 0:
+                return
+            if src_offset % 4 or dst_offset % 4 or nbytes % 4:
+                raise GpuError(f"copy of {nbytes} bytes at offsets {src_offset}, {dst_offset}: "
+                               f"WebGPU copies need offsets and sizes that are multiples of 4")
+            self._check_range(src, src_offset, nbytes, "copy from")
+            self._check_range(dst, dst_offset, nbytes, "copy to")
+            self._end_pass()
+            self._get_encoder().copy_buffer_to_buffer(src, src_offset, dst, dst_offset, nbytes)
+            self._count_pending("copy")
 
     def clear(self, buffer: wgpu.GPUBuffer, nbytes: int | None = None, offset: int = 0) -> None:
         """Zero a range (the whole buffer by default), in order with launches."""
-        if self._deferred:
-            self.run_deferred()
-        size = buffer.size - offset if nbytes is None else nbytes
-        a0, a1 = offset // 4 * 4, (offset + size + 3) // 4 * 4
-        if a0 != offset or a1 != offset + size:  # f16 odd edges: fall back to a write
-            self.write(buffer, bytes(size), offset)
-            return
-        self._check_range(buffer, offset, size, "clear")
-        self._end_pass()
-        self._get_encoder().clear_buffer(buffer, offset, size)
-        self._count_pending("clear")
+        with self._lock:  # one thread at a time records, submits or reads (issue 25)
+            if self._deferred:
+                self.run_deferred()
+            size = buffer.size - offset if nbytes is None else nbytes
+            a0, a1 = offset // 4 * 4, (offset + size + 3) // 4 * 4
+            if a0 != offset or a1 != offset + size:  # f16 odd edges: fall back to a write
+                self.write(buffer, bytes(size), offset)
+                return
+            self._check_range(buffer, offset, size, "clear")
+            self._end_pass()
+            self._get_encoder().clear_buffer(buffer, offset, size)
+            self._count_pending("clear")
 
     def fill(self, buffer: wgpu.GPUBuffer, value, dtype: DType, count: int, offset: int = 0) -> None:
         """Set `count` scalars of `dtype` starting at byte offset to value."""
-        if not dtype.np.type(value):  # zero (either sign): a GPU clear, no host array to build and scan
-            self.clear(buffer, count * dtype.nbytes, offset)
-        else:
-            self.write(buffer, np.full(count, value, dtype=dtype.np), offset)
+        with self._lock:  # one thread at a time records, submits or reads (issue 25)
+            if not dtype.np.type(value):  # zero (either sign): a GPU clear, no host array to build and scan
+                self.clear(buffer, count * dtype.nbytes, offset)
+            else:
+                self.write(buffer, np.full(count, value, dtype=dtype.np), offset)
 
     def _check_range(self, buffer, offset: int, nbytes: int, what: str) -> None:
         if offset < 0 or offset + nbytes > buffer.size:
