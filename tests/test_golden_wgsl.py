@@ -25,7 +25,7 @@ import wgpu_ad as ti
 from wgpu_ad.codegen import format_wgsl, generate
 from wgpu_ad.frontend.kernel import lower_kernel
 from wgpu_ad import plan
-from wgpu_ad.passes.autodiff import reverse_kernel
+from wgpu_ad.passes.autodiff import FORWARD, AdjointRequest, adjoint_kernel, derive
 from wgpu_ad.passes.pipeline import lower_for_codegen, optimize
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -68,9 +68,10 @@ def compile_both(name: str, fn) -> list:
 
     def grad_source(buf):  # every field here has its gradient (none is named by the kernels)
         return plan.FieldGrad(buf.source.index) if storages[buf.source.index].needs_grad else None
-    adj, _info = reverse_kernel(ir, grad_source, transpose=None)
+    adj, _plan = adjoint_kernel(ir, AdjointRequest(grad_source, transpose=None))
     adj = optimize(adj)
-    return [generate(lower_for_codegen(k), **OPTIONS) for k in (ir, adj)]
+    fwd = derive(ir, FORWARD).ir  # what a launch runs (compiler/driver.py compile_kernel)
+    return [generate(lower_for_codegen(k), **OPTIONS) for k in (fwd, adj)]
 
 
 def wgsl_of(name: str, fn) -> str:

@@ -488,7 +488,7 @@ def _adjoint_ir(check_nan: bool):
     """The optimised adjoint IR of a sqrt-sum kernel (compiled like tests/test_golden_wgsl.py)."""
     from wgpu_ad import plan
     from wgpu_ad.frontend.kernel import lower_kernel
-    from wgpu_ad.passes.autodiff import reverse_kernel
+    from wgpu_ad.passes.autodiff import AdjointRequest, adjoint_kernel
     from wgpu_ad.passes.pipeline import optimize
 
     x = ti.field(ti.f32, shape=4, needs_grad=True)
@@ -500,7 +500,7 @@ def _adjoint_ir(check_nan: bool):
 
     ir, storages = lower_kernel(root_sum, "root_sum", [], None, debug=False, min_parallel=None)
     ir = optimize(ir)
-    adj, _ = reverse_kernel(ir, lambda b: plan.FieldGrad(b.source.index), transpose=None, check_nan=check_nan)
+    adj, _ = adjoint_kernel(ir, AdjointRequest(lambda b: plan.FieldGrad(b.source.index), check_nan=check_nan))
     return optimize(adj), root_sum
 
 

@@ -1,8 +1,13 @@
 """The compiler driver: one path from a kernel's source to a CompiledKernel, for the forward
 kernel and every kernel derived from it (the adjoint, its zero-store variants, the fused tape
-tail, the dual kernel of forward mode).
+tail, the checked variant, the dual kernel of forward mode).
 
-    source --frontend--> IR --passes (optimize)--> IR --prereduce, codegen--> CompiledKernel
+    source --frontend--> IR --PASSES (optimize)--> IR --FORWARD--> IR --LOWERING, codegen--> CompiledKernel
+                                                     --CHECKED / DUAL / ADJOINT, PASSES--> IR --LOWERING, codegen--> ...
+
+Every derived kernel is a named list of steps (passes/autodiff/derive.py, adjoint.py) run from
+the optimised forward IR, which none of them changes; WGPU_AD_PRINT_IR and the verifier see each
+step, as they see PASSES.
 
 Every step is decided by the CompileOptions, which are part of the cache keys. The result is a
 `Compiled`: the CompiledKernel (WGSL, bindings and the launch plan, all plain data) and the
@@ -20,10 +25,8 @@ from ..codegen import generate
 from ..errors import CompileError, debug_enabled
 from ..frontend.kernel import lower_kernel
 from ..ir.nodes import Kernel
-from ..ir.clone import clone_kernel
-from ..passes.autodiff import NotFusable, dual_kernel, prepare_in_place, reverse_kernel, runtime_checks
+from ..passes.autodiff import CHECKED, DUAL, FORWARD, AdjointRequest, Derivation, NotFusable, adjoint_steps, derive
 from ..passes.autodiff.access import footprint
-from ..passes.autodiff.shadow import instrument
 from ..passes.pipeline import lower_for_codegen, optimize
 from ..plan import CompiledKernel
 from . import cache
@@ -65,6 +68,11 @@ def _optimize(ir: Kernel, opts: CompileOptions) -> Kernel:
     return optimize(ir, print_ir=opts.print_ir, verify=opts.debug or debug_enabled())
 
 
+def _derive(ir: Kernel, steps: list, opts: CompileOptions, request=None) -> Derivation:
+    """The named steps of a derived kernel from the optimised forward IR (left as it is)."""
+    return derive(ir, steps, request, print_ir=opts.print_ir, verify=opts.debug or debug_enabled())
+
+
 def _codegen(ir: Kernel, opts: CompileOptions, **plan_facts) -> CompiledKernel:
     """Optimised IR -> CompiledKernel: the lowering passes (on a copy, so the optimised IR stays
     what autodiff reads), WGSL, the launch plan."""
@@ -103,16 +111,16 @@ def compile_kernel(fn, name: str, specs: list, ret_dtype, opts: CompileOptions) 
         return made[0]
     ck = slot.load() if slot is not None else None
     if ck is None:
-        ir = make_ir()
-        _, bases, redirected = prepare_in_place(ir)  # (this promotes ir's loop-carried elements)
-        snaps = tuple(base.source for base, _ in bases)
+        # the code a launch runs: the loop-carried elements in registers (promote.py), on a copy;
+        # with what a launch that a gradient may be asked for needs (the fields its adjoint reads
+        # copies of, the accesses it checks at run time, its footprint for the tape's rules)
+        d = user_errors(lambda: _derive(make_ir(), FORWARD, opts))
+        p = d.plan
         scratch = tuple(sorted((b.source for b in ir0.buffers if isinstance(b.source, plan.Scratch)),
                                key=lambda src: src.index))
-        # the accesses a launch that a gradient may be asked for checks at run time (compile_checked)
-        found = runtime_checks(ir, redirected)
-        shadowed = tuple(b.source for b in found.buffers()) if found else ()
-        ck = user_errors(lambda: _codegen(ir, opts, accesses=_accesses(ir, redirected), snapshots=snaps,
-                                          scratch=scratch, shadowed=shadowed))
+        shadowed = tuple(b.source for b in p.checks.buffers()) if p.checks else ()
+        ck = user_errors(lambda: _codegen(d.ir, opts, accesses=_accesses(d.ir, p.redirected),
+                                          snapshots=p.snapshot_sources, scratch=scratch, shadowed=shadowed))
         if slot is not None:
             slot.store(ck)
     return Compiled(ck, storages, make_ir, slot)
@@ -128,12 +136,8 @@ def compile_checked(fwd: Compiled, opts: CompileOptions) -> Compiled:
 
     def make_ir() -> tuple:
         if not made:
-            ir = fwd.ir
-            _, _, redirected = prepare_in_place(ir)
-            checks = runtime_checks(ir, redirected)
-            mapping: dict = {}
-            k = clone_kernel(ir, mapping)
-            made.append((k, instrument(k, checks, mapping)))
+            d = _derive(fwd.ir, CHECKED, opts)
+            made.append((d.ir, d.plan.shadows))
         return made[0]
     ck = slot.load() if slot is not None else None
     if ck is None:
@@ -176,19 +180,21 @@ def compile_adjoint(fwd: Compiled, grads: tuple, opts: CompileOptions, zero: tup
     by_source = dict(zip(fwd.plan.buffers, grads))
     made: list = []
 
-    def make_ir() -> Kernel:
+    request = AdjointRequest(lambda b: by_source.get(b.source), opts.ad_stack_size, zero,
+                             transpose=opts.min_parallel, fuse=fused, check_nan=opts.check_nan,
+                             stencils=opts.stencil_gather if opts.stencil_gather is not None
+                             else opts.min_parallel is None)
+
+    def make_ir() -> tuple:
         if not made:
-            adj, info = reverse_kernel(fwd.ir, lambda b: by_source.get(b.source), opts.ad_stack_size, zero,
-                                       transpose=opts.min_parallel, fuse=fused, check_nan=opts.check_nan,
-                                       stencils=opts.stencil_gather if opts.stencil_gather is not None
-                                       else opts.min_parallel is None)
-            made.append((_optimize(adj, opts), info))
+            d = _derive(fwd.ir, adjoint_steps(fwd.ir, request), opts, request)
+            made.append((_optimize(d.ir, opts), d.plan))
         return made[0]
     ck = slot.load() if slot is not None else None
     if ck is None:
         try:
-            ir, info = user_errors(make_ir)
-            ck = user_errors(lambda: _codegen(ir, opts, zero_stores=info.zero_stores, fused=info.fused,
+            ir, p = user_errors(make_ir)
+            ck = user_errors(lambda: _codegen(ir, opts, zero_stores=p.zero_stores, fused=p.fused,
                                               scratch=fwd.plan.scratch))
         except (NotFusable, CompileError):
             if not fused:
@@ -229,7 +235,8 @@ def compile_dual(fwd: Compiled, duals: tuple, opts: CompileOptions) -> Compiled:
 
     def make_ir() -> Kernel:
         if not made:
-            made.append(_optimize(dual_kernel(fwd.ir, lambda b: by_source.get(b.source)), opts))
+            d = _derive(fwd.ir, DUAL, opts, lambda b: by_source.get(b.source))
+            made.append(_optimize(d.ir, opts))
         return made[0]
     ck = slot.load() if slot is not None else None
     if ck is None:

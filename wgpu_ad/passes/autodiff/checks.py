@@ -5,7 +5,7 @@ would be silently wrong is never generated.
 """
 from __future__ import annotations
 
-from ...errors import CompileError, NotDifferentiableError
+from ...errors import NotDifferentiableError
 from ...ir.nodes import Kernel, Stmt, walk
 from ...ir.ops import Op
 
@@ -44,15 +44,3 @@ def check_differentiable(kernel: Kernel, snapshot_loads: frozenset = frozenset()
     from .access import check_global_access
     check_global_access(kernel, snapshot_loads, checks)
 
-
-def runtime_checks(kernel: Kernel, snapshot_loads: frozenset = frozenset()):
-    """The accesses of `kernel` (promoted, prepare_in_place) that a forward launch must check at run
-    time for its adjoint to be right (access.RuntimeChecks, empty when all are proven), or None
-    when the kernel cannot be differentiated anyway (its adjoint reports why)."""
-    from .access import RuntimeChecks
-    checks = RuntimeChecks()
-    try:
-        check_differentiable(kernel, snapshot_loads, checks)
-    except CompileError:
-        return None
-    return checks

@@ -83,9 +83,23 @@ class Split:
     double: set = frozenset()   # ids of the loads whose gradient the original task's adjoint doubles
 
 
-def split_pair_task(t: Task, orig: Task, flags: set, grads: dict, min_threads: int) -> Split | None:
-    """The split of `t` (a private copy of the primal task `orig`), or None when `t` does not
-    have the shape above or the split would not pay. grads: id(primal Buffer) -> its gradient."""
+@dataclass
+class PairShape:
+    """A range task of the shape above: `prefix`, then the serial `loop` (`loop_orig` in the
+    primal task); `on_i` / `on_j`: ids of the values that depend on the task's / the loop's index;
+    `moved`: ids of the loads of j alone, whose gradients the split sums elsewhere."""
+
+    prefix: list
+    loop: Stmt
+    loop_orig: Stmt
+    on_i: set
+    on_j: set
+    moved: set
+
+
+def pair_shape(t: Task, orig: Task, flags: set, grads: dict, min_threads: int) -> PairShape | None:
+    """Whether `t` (a private copy of the primal task `orig`) has the shape above, with at least
+    `min_threads` iterations of its loop. grads: id(primal Buffer) -> its gradient."""
     if t.kind != "range" or flags or t.begin is None or t.end is None or not t.body.stmts:
         return None
     *prefix, loop = t.body.stmts
@@ -117,11 +131,24 @@ def split_pair_task(t: Task, orig: Task, flags: set, grads: dict, min_threads: i
     accumulated = {id(s.attr[1]) for s in inner if s.op is Op.ATOMIC}
     if not moved or any(s.op is Op.GLOBAL_LOAD and id(s.attr) in accumulated for s in walk(t.body)):
         return None
-    if symmetric_terms(t, loop):  # no replay to pay for: always worth it
-        double = {id(s) for s in walk(t.body) if s.op is Op.GLOBAL_LOAD and id(s.attr) in grads
-                  and id(s.args[0]) in on_i and id(s.args[0]) not in on_j}
-        return Split(None, moved, set(), {}, None, double)
-    if sum(_COST[s.op] for s in inner) > SUM_COST * len(moved):
+    return PairShape(prefix, loop, loop_orig, on_i, on_j, moved)
+
+
+def symmetric_split(t: Task, shape: PairShape, grads: dict) -> Split | None:
+    """The split of a pair task whose terms are symmetric in (i, j) (symmetry.py): no replay to
+    pay for, so always worth it; None when they are not."""
+    if not symmetric_terms(t, shape.loop):
+        return None
+    double = {id(s) for s in walk(t.body) if s.op is Op.GLOBAL_LOAD and id(s.attr) in grads
+              and id(s.args[0]) in shape.on_i and id(s.args[0]) not in shape.on_j}
+    return Split(None, shape.moved, set(), {}, None, double)
+
+
+def transposed_split(t: Task, shape: PairShape) -> Split | None:
+    """The split of a pair task into its adjoint and the adjoint of its transposed task, or None
+    when the replay it adds would cost more than the sums it saves."""
+    prefix, loop, loop_orig, moved = shape.prefix, shape.loop, shape.loop_orig, shape.moved
+    if sum(_COST[s.op] for s in walk(loop.blocks[0])) > SUM_COST * len(moved):
         return None
     tt, m = _transposed(t, prefix, loop)
     # the loads of x[j] are loop-invariant now: out of the loop, their gradients are summed in
@@ -138,6 +165,16 @@ def split_pair_task(t: Task, orig: Task, flags: set, grads: dict, min_threads: i
             if x.op is Op.LOOP_INDEX and x.attr is loop_orig:
                 dims[x] = (marker, 0)
     return Split(tt, moved, skip_tt, dims, marker)
+
+
+def split_pair_task(t: Task, orig: Task, flags: set, grads: dict, min_threads: int) -> Split | None:
+    """The split of `t` (a private copy of the primal task `orig`), or None when `t` does not
+    have the shape above or the split would not pay (the adjoint's symmetry and transpose steps
+    in one)."""
+    shape = pair_shape(t, orig, flags, grads, min_threads)
+    if shape is None:
+        return None
+    return symmetric_split(t, shape, grads) or transposed_split(t, shape)
 
 
 def _dependents(block: Block, root) -> set:
