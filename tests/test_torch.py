@@ -249,3 +249,37 @@ def test_tensors_inside_a_tape():
         cubes(x)
     assert loss[None] == pytest.approx((x0 ** 3).sum(), abs=1e-5)
     np.testing.assert_allclose(x.grad.numpy(), 3 * x0 ** 2, rtol=1e-5, atol=1e-6)
+
+
+def test_a_field_input_used_by_two_calls_of_one_graph():
+    """A rollout: z1 = f(x, w=p), z2 = f(z1, w=q), L = sum(v z2) with y[i] = w[i % 4] x[i]; one
+    backward(). Each call's backward pass starts from a zero field gradient and the field values
+    its forward pass saw: dL/dp_k = sum_{i%4=k} v q x, dL/dq_k = sum v p x, dL/dx = v q p (the
+    second call's values in the field must not leak into the first call's adjoint)."""
+    w = ti.field(ti.f32, shape=4, needs_grad=True)
+
+    @ti.kernel
+    def weigh(x: ti.types.ndarray(), y: ti.types.ndarray()):
+        for i in x:
+            y[i] = w[i % 4] * x[i]
+
+    f = wt.function(weigh, outputs={"y": "x"}, fields={"w": w})
+    rng = np.random.default_rng(7)
+    x0, v0 = rng.uniform(0.5, 2.0, 12), rng.standard_normal(12)
+    p0, q0 = np.array([1.0, -2.0, 0.5, 3.0]), np.array([0.25, 1.5, -1.0, 2.0])
+    x = torch.tensor(x0, dtype=torch.float32, requires_grad=True)
+    p = torch.tensor(p0, dtype=torch.float32, requires_grad=True)
+    q = torch.tensor(q0, dtype=torch.float32, requires_grad=True)
+    z2 = f(f(x, w=p), w=q)
+    (z2 * torch.tensor(v0, dtype=torch.float32)).sum().backward()
+    k = np.arange(12) % 4
+    want_p = np.bincount(k, v0 * q0[k] * x0, minlength=4)
+    want_q = np.bincount(k, v0 * p0[k] * x0, minlength=4)
+    np.testing.assert_allclose(p.grad.numpy(), want_p, rtol=1e-5)
+    np.testing.assert_allclose(q.grad.numpy(), want_q, rtol=1e-5)
+    np.testing.assert_allclose(x.grad.numpy(), v0 * q0[k] * p0[k], rtol=1e-5)
+    # the same parameter twice: its gradient is the sum of both calls' (2 sum v p x), not 3x
+    p.grad = None
+    z2 = f(f(x, w=p), w=p)
+    (z2 * torch.tensor(v0, dtype=torch.float32)).sum().backward()
+    np.testing.assert_allclose(p.grad.numpy(), 2 * np.bincount(k, v0 * p0[k] * x0, minlength=4), rtol=1e-5)
