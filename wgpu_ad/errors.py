@@ -95,6 +95,12 @@ class DataAccessError(KernelRuntimeError):
         self.kernel, self.field, self.index, self.line = kernel, field, index, line
 
 
+class TorchGradWarning(UserWarning):
+    """kernel.grad() accumulated into the .grad of a leaf torch tensor while torch's own backward
+    pass runs and will accumulate into it too: a torch.autograd.Function whose backward returns
+    that .grad counts the gradient twice (docs/pytorch.md shows the fix)."""
+
+
 def debug_enabled() -> bool:
     """WGPU_AD_DEBUG_COMPILER=1 shows compiler internals in tracebacks."""
     return os.environ.get("WGPU_AD_DEBUG_COMPILER", "") not in ("", "0")
