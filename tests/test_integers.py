@@ -1,0 +1,50 @@
+"""Integers at their edges (issue 26 item 4): data that does not fit a field's integer type is
+refused with the field, index and value, not wrapped; an integer literal out of its type's range
+is a compile error with a caret; with ti.init(debug=True) integer division and modulo by zero raise,
+naming the kernel and line. Messages are asserted word for word."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import wgpu_ad as ti
+from wgpu_ad.errors import WgpuAdError
+
+pytestmark = pytest.mark.gpu
+
+
+# ---- from_numpy ---------------------------------------------------------------------------------
+
+def test_from_numpy_refuses_integers_that_would_wrap():
+    n = ti.field(ti.i32, shape=4, name="n")
+    with pytest.raises(WgpuAdError) as e:
+        n.from_numpy(np.array([1, 2, 3_000_000_000, -2**40], dtype=np.int64))
+    assert str(e.value) == ("field 'n'.from_numpy: the int64 value 3000000000 at index (2,) does not fit in i32 "
+                            "(-2147483648 to 2147483647); it would wrap to -1294967296")
+    n.from_numpy(np.array([1, -2, 2**31 - 1, -2**31], dtype=np.int64))  # in range: stored exactly
+    np.testing.assert_array_equal(n.to_numpy(), [1, -2, 2**31 - 1, -2**31])
+
+    u = ti.field(ti.u32, shape=(2, 2), name="u")
+    with pytest.raises(WgpuAdError) as e:
+        u.from_numpy(np.array([[1, 2], [3, 2**33 + 5]], dtype=np.uint64))
+    assert str(e.value) == ("field 'u'.from_numpy: the uint64 value 8589934597 at index (1, 1) does not fit in u32 "
+                            "(0 to 4294967295); it would wrap to 5")
+    m = ti.ndarray(ti.i32, shape=3)
+    with pytest.raises(WgpuAdError, match=r"from_numpy: the uint32 value 4294967295 at index \(1,\) does not fit "
+                                          r"in i32 \(-2147483648 to 2147483647\); it would wrap to -1"):
+        m.from_numpy(np.array([0, 2**32 - 1, 7], dtype=np.uint32))
+    np.testing.assert_array_equal(m.to_numpy(), [0, 0, 0])  # nothing was written
+
+
+def test_from_numpy_refuses_floats_that_would_become_inf():
+    h = ti.field(ti.f16, shape=3, name="h")
+    with pytest.raises(WgpuAdError) as e:
+        h.from_numpy(np.array([1.0, 7e4, 3.0]))
+    assert str(e.value) == ("field 'h'.from_numpy: the float64 value 70000.0 at index (1,) is beyond f16's largest "
+                            "finite value 65504 and would become inf")
+    h.from_numpy(np.array([1.0, np.inf, -65504.0]))  # inf itself is kept
+    np.testing.assert_array_equal(h.to_numpy(), np.array([1.0, np.inf, -65504.0], np.float16))
+    x = ti.field(ti.f32, shape=2, name="x")
+    with pytest.raises(WgpuAdError, match=r"the float64 value -1e\+39 at index \(0,\) is beyond f32's largest "
+                                          r"finite value 3.40282e\+38 and would become inf"):
+        x.from_numpy(np.array([-1e39, 0.0]))
