@@ -48,3 +48,52 @@ def test_from_numpy_refuses_floats_that_would_become_inf():
     with pytest.raises(WgpuAdError, match=r"the float64 value -1e\+39 at index \(0,\) is beyond f32's largest "
                                           r"finite value 3.40282e\+38 and would become inf"):
         x.from_numpy(np.array([-1e39, 0.0]))
+
+
+# ---- literals -----------------------------------------------------------------------------------
+
+def test_an_integer_literal_out_of_range_is_a_compile_error_at_the_literal():
+    y = ti.field(ti.i32, shape=2)
+
+    @ti.kernel
+    def big():
+        y[0] = 1
+        y[1] = y[0] + 3000000000
+
+    with pytest.raises(ti.CompileError) as e:
+        big()
+    lines = str(e.value).split("\n")
+    assert lines[0] == ("the integer 3000000000 does not fit in i32 (-2147483648 to 2147483647); it would wrap to "
+                        "-1294967296. Write it as a float (3000000000.0) if that is what it is, or keep the value "
+                        "in range")
+    assert lines[2:] == ["    y[1] = y[0] + 3000000000", "                  ^"]
+
+    u = ti.field(ti.u32, shape=4)
+    z = ti.field(ti.i32, shape=2)
+
+    @ti.kernel
+    def edges():
+        u[0] = 3000000000                 # fits u32
+        u[1] = 0xFFFFFFFF
+        u[2] = ti.cast(-1, ti.u32)        # explicit conversions wrap, as Taichi's
+        z[0] = -2147483648
+        z[1] = ti.cast(3000000000, ti.i32)
+
+    edges()
+    np.testing.assert_array_equal(u.to_numpy()[:3], [3000000000, 2**32 - 1, 2**32 - 1])
+    np.testing.assert_array_equal(z.to_numpy(), [-2**31, 3000000000 - 2**32])
+
+    @ti.kernel
+    def folded():
+        z[0] = 2**31        # folded in Python to 2147483648, then stored: refused too
+
+    with pytest.raises(ti.CompileError, match=r"^the integer 2147483648 does not fit in i32 \(-2147483648 to "
+                                              r"2147483647\); it would wrap to -2147483648\."):
+        folded()
+
+    @ti.kernel
+    def minus_one():
+        u[3] = -1           # into u32: two's complement, as Taichi and Python-scope u[3] = -1
+
+    minus_one()
+    assert u[3] == 2**32 - 1

@@ -8,13 +8,15 @@ Vectors and matrices are unrolled here, so the IR, autodiff and codegen only see
 """
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 
 from ..errors import CompileError
 from ..ir.builder import Builder
 from ..ir.nodes import Stmt
 from ..ir.ops import GroupOp, Op
-from ..types import DType, f32, i32, promote, u1
+from ..types import DType, f32, i32, promote, u1, u32
 from .fold import fold
 
 Scalar = "Stmt | int | float | bool"
@@ -58,6 +60,30 @@ class Mat:
 
 def is_static(v) -> bool:
     return not isinstance(v, (Stmt, Mat))
+
+
+# the integer constants each type takes; a negative u32 constant is its two's complement (Taichi's
+# u[i] = -1 is 2**32 - 1), an explicit ti.cast wraps anything
+_RANGES = {i32: (-2**31, 2**31 - 1), u32: (-2**31, 2**32 - 1)}
+
+
+def _check_range(v: int, d: DType, loc) -> None:
+    """An integer constant that does not fit its type would wrap on the GPU: a compile error, with
+    the caret on the literal where the source line spells it."""
+    lo, hi = _RANGES[d]
+    if lo <= v <= hi:
+        return
+    lo = max(lo, 0) if d == u32 else lo
+    wrapped = (v - lo) % 2**32 + lo
+    if loc is not None and loc.source_line:
+        for text in (str(v), hex(v), f"{v:_}"):
+            m = re.search(r"(?<![\w.])" + re.escape(text) + r"(?![\w.])", loc.source_line[loc.col:], re.I)
+            if m:
+                loc = dataclasses.replace(loc, col=loc.col + m.start())
+                break
+    rng = f"{lo} to {hi}" if d == i32 else f"0 to {hi}; a negative constant down to -2147483648 is taken as its two's complement"
+    raise CompileError(f"the integer {v} does not fit in {d} ({rng}); it would wrap to {wrapped}. Write it as a "
+                       f"float ({v}.0) if that is what it is, or keep the value in range", loc)
 
 
 def py_dtype(v) -> DType:
@@ -107,19 +133,29 @@ class Ops:
         d = dtype or py_dtype(v)
         if d == u1:
             return self.b.const(bool(v), u1)
+        if d in (i32, u32) and not isinstance(v, bool) and isinstance(v, int):
+            _check_range(v, d, self.b.loc)
         return self.b.const(v, d)
 
-    def cast(self, v, dtype: DType):
+    def cast(self, v, dtype: DType, explicit: bool = False):
+        """v converted to dtype; explicit (ti.cast, int(), m.cast): a constant integer wraps into
+        range as on the GPU, else one out of range is a compile error (_check_range)."""
         if isinstance(v, Mat):
-            return Mat([self.cast(e, dtype) for e in v.entries], v.shape)
+            return Mat([self.cast(e, dtype, explicit) for e in v.entries], v.shape)
         if is_static(v):
             if dtype.is_float:
                 return float(v)
+            if dtype in _RANGES:
+                if explicit:  # ti.cast(-1, ti.u32) = 2**32 - 1, ti.cast(3000000000, ti.i32) < 0
+                    lo = _RANGES[dtype][0] if dtype == i32 else 0
+                    return (int(v) - lo) % 2**32 + lo
+                if isinstance(v, int) and not isinstance(v, bool):
+                    _check_range(v, dtype, self.b.loc)
             return int(v) if dtype != u1 else bool(v)
         if v.dtype == dtype:
             return v
         if v.op is Op.CONST:
-            return self.to_stmt(self.cast(v.attr, dtype), dtype)
+            return self.to_stmt(self.cast(v.attr, dtype, explicit), dtype)
         return self.b.cast(v, dtype)
 
     def truth(self, v) -> Stmt | bool:
