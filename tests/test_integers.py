@@ -97,3 +97,58 @@ def test_an_integer_literal_out_of_range_is_a_compile_error_at_the_literal():
 
     minus_one()
     assert u[3] == 2**32 - 1
+
+
+# ---- division by zero ---------------------------------------------------------------------------
+
+def _divide():
+    y = ti.field(ti.i32, shape=2)
+    w = ti.field(ti.u32, shape=2)
+
+    @ti.kernel
+    def divide(a: ti.i32, b: ti.i32):
+        y[0] = a // b
+        y[1] = a % b
+
+    @ti.kernel
+    def divide_u(a: ti.u32, b: ti.u32):
+        w[0] = a // b
+        w[1] = a % b
+
+    return y, w, divide, divide_u
+
+
+def test_integer_division_by_zero_raises_in_debug_mode():
+    ti.init(debug=True)
+    y, w, divide, divide_u = _divide()
+    divide(-7, 2)
+    np.testing.assert_array_equal(y.to_numpy(), [-7 // 2, -7 % 2])  # Python's floor semantics
+    with pytest.raises(ti.KernelZeroDivisionError) as e:
+        divide(7, 0)
+    assert str(e.value).startswith("kernel 'divide': integer division by zero: 7 // 0 at ")
+    assert str(e.value).endswith(f"test_integers.py:{e.value.line}")
+    assert isinstance(e.value, ZeroDivisionError) and e.value.kernel == "divide"
+    src = open(__file__).read().split("\n")[e.value.line - 1]
+    assert src.strip() == "y[0] = a // b"
+    with pytest.raises(ti.KernelZeroDivisionError, match=r"^kernel 'divide_u': integer division by zero: 9 // 0 at "):
+        divide_u(9, 0)
+
+
+def test_integer_division_by_zero_without_debug_mode_gives_wgsl_values():
+    """What docs/language.md says: x // 0 = x and x % 0 = 0 (WGSL's), no error."""
+    y, w, divide, divide_u = _divide()
+    divide(7, 0)
+    np.testing.assert_array_equal(y.to_numpy(), [7, 0])
+    divide_u(9, 0)
+    np.testing.assert_array_equal(w.to_numpy(), [9, 0])
+
+
+def test_a_constant_zero_divisor_is_a_compile_error():
+    y = ti.field(ti.i32, shape=1)
+
+    @ti.kernel
+    def mod0(a: ti.i32):
+        y[0] = a % 0
+
+    with pytest.raises(ti.CompileError, match=r"^integer division by zero: x % 0 \(Python raises ZeroDivisionError\)"):
+        mod0(3)

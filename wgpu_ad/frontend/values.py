@@ -12,7 +12,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from ..errors import CompileError
+from ..errors import CompileError, ZeroDivisionCheck
 from ..ir.builder import Builder
 from ..ir.nodes import Stmt
 from ..ir.ops import GroupOp, Op
@@ -119,8 +119,10 @@ _FLOAT_UNARY = GroupOp.Unary & GroupOp.FloatOnly
 class Ops:
     """Scalar and matrix arithmetic with Taichi's typing rules, emitting IR through a Builder."""
 
-    def __init__(self, b: Builder):
+    def __init__(self, b: Builder, check_divisors: bool = False, kernel: str = ""):
         self.b = b
+        self.check_divisors = check_divisors  # debug mode: integer // and % by 0 raise at run time
+        self.kernel = kernel
 
     # ---- scalars -------------------------------------------------------------------------
     def to_stmt(self, v, dtype: DType | None = None) -> Stmt:
@@ -204,7 +206,23 @@ class Ops:
             raise CompileError(f"bitwise operator on floats ({da}, {db})", self.b.loc)
         if op is Op.POW:
             return self.pow(a, b, dt)
-        return self.b.emit(op, [self.to_stmt(a, dt), self.to_stmt(b, dt)])
+        sa, sb = self.to_stmt(a, dt), self.to_stmt(b, dt)
+        if op in (Op.FLOORDIV, Op.MOD) and not dt.is_float:
+            self._divisor_check(op, sa, b if is_static(b) else sb)
+        return self.b.emit(op, [sa, sb])
+
+    def _divisor_check(self, op: Op, a: Stmt, b) -> None:
+        """Integer x // 0 and x % 0 raise in Python; WGSL gives x and 0. A constant 0 is a compile
+        error; in debug mode an ASSERT reports a 0 found at run time (KernelZeroDivisionError)."""
+        sym = "//" if op is Op.FLOORDIV else "%"
+        if is_static(b):
+            if b == 0:
+                raise CompileError(f"integer division by zero: x {sym} 0 (Python raises ZeroDivisionError)", self.b.loc)
+            return
+        if self.check_divisors:
+            check = ZeroDivisionCheck(self.kernel, sym, self.b.loc)
+            self.b.emit(Op.ASSERT, [self.b.emit(Op.NE, [b, self.to_stmt(0, b.dtype)]), a], None, check)
+        # (without debug mode: x // 0 = x and x % 0 = 0, what WGSL gives; docs/language.md)
 
     @staticmethod
     def _literal_types(a, b, da: DType, db: DType) -> tuple[DType, DType]:
