@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pytest
@@ -249,3 +250,94 @@ def test_tensors_inside_a_tape():
         cubes(x)
     assert loss[None] == pytest.approx((x0 ** 3).sum(), abs=1e-5)
     np.testing.assert_allclose(x.grad.numpy(), 3 * x0 ** 2, rtol=1e-5, atol=1e-6)
+
+
+def test_a_field_input_used_by_two_calls_of_one_graph():
+    """A rollout: z1 = f(x, w=p), z2 = f(z1, w=q), L = sum(v z2) with y[i] = w[i % 4] x[i]; one
+    backward(). Each call's backward pass starts from a zero field gradient and the field values
+    its forward pass saw: dL/dp_k = sum_{i%4=k} v q x, dL/dq_k = sum v p x, dL/dx = v q p (the
+    second call's values in the field must not leak into the first call's adjoint)."""
+    w = ti.field(ti.f32, shape=4, needs_grad=True)
+
+    @ti.kernel
+    def weigh(x: ti.types.ndarray(), y: ti.types.ndarray()):
+        for i in x:
+            y[i] = w[i % 4] * x[i]
+
+    f = wt.function(weigh, outputs={"y": "x"}, fields={"w": w})
+    rng = np.random.default_rng(7)
+    x0, v0 = rng.uniform(0.5, 2.0, 12), rng.standard_normal(12)
+    p0, q0 = np.array([1.0, -2.0, 0.5, 3.0]), np.array([0.25, 1.5, -1.0, 2.0])
+    x = torch.tensor(x0, dtype=torch.float32, requires_grad=True)
+    p = torch.tensor(p0, dtype=torch.float32, requires_grad=True)
+    q = torch.tensor(q0, dtype=torch.float32, requires_grad=True)
+    z2 = f(f(x, w=p), w=q)
+    (z2 * torch.tensor(v0, dtype=torch.float32)).sum().backward()
+    k = np.arange(12) % 4
+    want_p = np.bincount(k, v0 * q0[k] * x0, minlength=4)
+    want_q = np.bincount(k, v0 * p0[k] * x0, minlength=4)
+    np.testing.assert_allclose(p.grad.numpy(), want_p, rtol=1e-5)
+    np.testing.assert_allclose(q.grad.numpy(), want_q, rtol=1e-5)
+    np.testing.assert_allclose(x.grad.numpy(), v0 * q0[k] * p0[k], rtol=1e-5)
+    # the same parameter twice: its gradient is the sum of both calls' (2 sum v p x), not 3x
+    p.grad = None
+    z2 = f(f(x, w=p), w=p)
+    (z2 * torch.tensor(v0, dtype=torch.float32)).sum().backward()
+    np.testing.assert_allclose(p.grad.numpy(), 2 * np.bincount(k, v0 * p0[k] * x0, minlength=4), rtol=1e-5)
+
+
+def _forum_function(fixed: bool):
+    """Seed 002's autograd Function (y = 3 x through kernel.grad); fixed: docs/pytorch.md's fix,
+    kernel.grad on a detached copy of x whose .grad is returned."""
+    @ti.kernel
+    def test_grad(x: ti.types.ndarray(), y: ti.types.ndarray()):
+        for i in range(x.shape[0]):
+            for j in range(x.shape[1]):
+                y[i, j] = 3 * x[i, j]
+
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = torch.zeros_like(x, requires_grad=True)
+            test_grad(x, y)
+            ctx.save_for_backward(x, y)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, y = ctx.saved_tensors
+            y.grad = dy
+            if fixed:
+                xd = x.detach().requires_grad_()
+                test_grad.grad(xd, y)
+                return xd.grad
+            test_grad.grad(x, y)  # the line the warning points at
+            return x.grad
+    return Fn.apply
+
+
+def test_kernel_grad_into_a_leaf_during_torch_backward_warns_of_the_double_count():
+    """Seed 002 with x a leaf (no .cuda()): kernel.grad() adds 3/600 into x.grad, backward returns
+    x.grad and torch adds it again: 5/600 where d/dx mean|x - 3x| = 2/600. Warned, at the user's
+    line; the documented fix gives 2/600."""
+    x = torch.ones((20, 30), dtype=torch.float32, requires_grad=True)
+    f = _forum_function(fixed=False)
+    with pytest.warns(ti.TorchGradWarning) as record:
+        torch.nn.L1Loss()(x, f(x)).backward()
+    message = str(record[0].message)
+    assert message.startswith("test_grad.grad() added the gradient of argument 'x' into x.grad while torch's "
+                              "backward pass is running, and x is a leaf tensor of that pass")
+    assert "if the torch.autograd.Function's backward returns x.grad, the gradient is counted twice" in message
+    assert record[0].filename == __file__
+    np.testing.assert_allclose(x.grad.numpy(), np.full((20, 30), 5 / 600), rtol=1e-5)  # what it warns of
+
+    x = torch.ones((20, 30), dtype=torch.float32, requires_grad=True)
+    f = _forum_function(fixed=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ti.TorchGradWarning)
+        warnings.filterwarnings("ignore", "The .grad attribute of a Tensor that is not a leaf")  # torch's, xc.clone()
+        torch.nn.L1Loss()(x, f(x)).backward()
+        np.testing.assert_allclose(x.grad.numpy(), np.full((20, 30), 2 / 600), rtol=1e-5)
+        xc = torch.ones((20, 30), dtype=torch.float32, requires_grad=True)
+        torch.nn.L1Loss()(xc, _forum_function(fixed=False)(xc.clone())).backward()  # not a leaf: no warning
+        np.testing.assert_allclose(xc.grad.numpy(), np.full((20, 30), 2 / 600), rtol=1e-5)

@@ -8,7 +8,8 @@ from . import ad
 from .ad import Tape, clear_all_gradients, grad_for, grad_replaced, no_grad
 from .compiler import CompileOptions
 from .errors import (AutodiffUsageError, CompileError, GpuError, KernelArgError, KernelAssertionError,
-                     KernelRuntimeError, NotDifferentiableError, UnsupportedError, WgpuAdError)
+                     KernelRuntimeError, KernelZeroDivisionError, NotDifferentiableError, TorchGradWarning,
+                     UnsupportedError, WgpuAdError)
 
 # Taichi's exception names, for programs and tests written for Taichi (`pytest.raises(ti.TaichiX)`)
 TaichiCompilationError = CompileError

@@ -74,6 +74,33 @@ class KernelAssertionError(KernelRuntimeError, AssertionError):
     """An `assert` in a kernel failed (debug mode: ti.init(debug=True))."""
 
 
+class KernelZeroDivisionError(KernelRuntimeError, ZeroDivisionError):
+    """An integer `//` or `%` by zero in a kernel (debug mode: ti.init(debug=True)). Attributes:
+    kernel and line (of the division). Without debug mode the GPU gives x // 0 = x, x % 0 = 0."""
+
+    def __init__(self, message: str, *, kernel: str = "", line: int | None = None):
+        super().__init__(message)
+        self.kernel, self.line = kernel, line
+
+
+@dataclass(frozen=True)
+class ZeroDivisionCheck:
+    """The attr of a debug-mode ASSERT that an integer divisor is not 0 (frontend/values.py): what
+    the runtime turns into KernelZeroDivisionError; the ASSERT reports the dividend."""
+
+    kernel: str
+    op: str            # '//' or '%'
+    loc: SourceLoc | None
+
+    def format(self, *values) -> str:
+        where = f" at {self.loc.file}:{self.loc.line}" if self.loc else ""
+        return f"integer division by zero: {values[0]} {self.op} 0{where}" if values else "integer division by zero"
+
+    def error(self, values, storage=None) -> KernelZeroDivisionError:
+        return KernelZeroDivisionError(f"kernel '{self.kernel}': {self.format(*values)}", kernel=self.kernel,
+                                       line=self.loc.line if self.loc else None)
+
+
 class GradientNaNError(KernelRuntimeError, FloatingPointError):
     """The backward pass produced a NaN or infinite gradient (the check of ti.init(debug=True) or
     ti.ad.Tape(check_nan=True)); the message names the kernel, the element and the operation whose
@@ -98,6 +125,12 @@ class DataAccessError(KernelRuntimeError):
                  line: int | None = None):
         super().__init__(message)
         self.kernel, self.field, self.index, self.line = kernel, field, index, line
+
+
+class TorchGradWarning(UserWarning):
+    """kernel.grad() accumulated into the .grad of a leaf torch tensor while torch's own backward
+    pass runs and will accumulate into it too: a torch.autograd.Function whose backward returns
+    that .grad counts the gradient twice (docs/pytorch.md shows the fix)."""
 
 
 def debug_enabled() -> bool:

@@ -133,18 +133,18 @@ class _Bridge:
     def _forward(self, ctx, inputs: tuple):
         from .ad.tape import Tape
         by_name = dict(zip(self.inputs, inputs))
-        call, nds, grads_in = {}, [], []
+        call, nds, grads_in, field_values = {}, [], [], []
         for n in self.inputs:
             v = by_name[n]
             if n in self.fields:
-                grads_in.append(self._field_in(n, v))
+                values, fld = self._field_in(n, v)
+                field_values.append((self.fields[n], values))
+                grads_in.append(fld)
             elif isinstance(v, torch.Tensor):
                 ann = self.anns[self.names.index(n)]
                 dt, shape, es, needs_grad = describe(self.name, n, v, ann)
                 nd = self._ndarray(dt, shape, es, needs_grad)
                 nd.from_numpy(np.ascontiguousarray(v.detach().cpu().numpy()).reshape(shape + es))
-                if needs_grad:
-                    nd.grad.fill(0)
                 call[n] = nd
                 nds.append(nd)
                 grads_in.append(nd if needs_grad else None)
@@ -168,8 +168,8 @@ class _Bridge:
         results = [torch.from_numpy(nd.to_numpy().reshape(self._shape_of(n, s, by_name))).to(device)
                    for nd, (n, s) in zip(outs, self.outputs.items())]
         if any(g is not None for g in grads_in):
-            ctx.state = (tape, outs, grads_in, nds, [tuple(v.shape) if isinstance(v, torch.Tensor) else None
-                                                     for v in inputs], device)
+            ctx.state = (tape, outs, grads_in, field_values, nds,
+                         [tuple(v.shape) if isinstance(v, torch.Tensor) else None for v in inputs], device)
             # the ndarrays hold this call's values until torch drops the graph
             weakref.finalize(ctx, self._release, nds)
         else:
@@ -177,7 +177,8 @@ class _Bridge:
         return results[0] if len(results) == 1 else tuple(results)
 
     def _field_in(self, name: str, v):
-        """Copy a field input's tensor into the field; the field itself when its gradient is wanted."""
+        """Copy a field input's tensor into the field: (the values copied, the field when its
+        gradient is wanted or else None)."""
         fld = self.fields[name]
         if not isinstance(v, torch.Tensor):
             raise WgpuAdError(f"{self.name}: field input '{name}' must be a tensor (e.g. wgpu_ad.torch.parameter"
@@ -185,17 +186,24 @@ class _Bridge:
         want = tuple(fld.shape) + tuple(fld.element_shape)
         if tuple(v.shape) != want:
             raise WgpuAdError(f"{self.name}: field input '{name}' must have shape {want}, got {tuple(v.shape)}")
-        fld.from_numpy(np.ascontiguousarray(v.detach().cpu().numpy(), dtype=np.float32))
+        values = np.array(v.detach().cpu().numpy(), dtype=np.float32)  # a copy: the backward pass reloads it
+        fld.from_numpy(values)
         if not v.requires_grad:
-            return None
+            return values, None
         if not fld.needs_grad:
             raise WgpuAdError(f"{self.name}: field input '{name}' requires a gradient, but its field has none: "
                               f"create it with needs_grad=True")
-        fld.grad.fill(0)
-        return fld
+        return values, fld
 
     def _backward(self, ctx, grad_outputs: tuple):
-        tape, outs, grads_in, nds, shapes, device = ctx.state
+        tape, outs, grads_in, field_values, nds, shapes, device = ctx.state
+        # a field input may be shared by several calls of one graph (a rollout): each call's adjoint
+        # needs the values its forward pass copied in, and a zero gradient to accumulate into
+        for fld, values in field_values:
+            fld.from_numpy(values)
+        for nd in grads_in:
+            if nd is not None:
+                nd.grad.fill(0)
         for nd, g in zip(outs, grad_outputs):
             if g is None:
                 nd.grad.fill(0)
@@ -203,9 +211,6 @@ class _Bridge:
                 nd.grad.from_numpy(np.ascontiguousarray(g.detach().cpu().numpy(), dtype=np.float32)
                                    .reshape(nd.shape + nd.element_shape))
         if tape.gradient_evaluated:  # another backward pass of the same forward pass
-            for nd in grads_in:
-                if nd is not None:
-                    nd.grad.fill(0)
             tape.grad_again()
         else:
             tape.grad()

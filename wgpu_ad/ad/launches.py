@@ -364,7 +364,7 @@ def grad(k, args: tuple):
         keep.recycle(snaps)
         keep.recycle_scratch(fwd, scratch)
         read = {a.source.arg for a in fwd.plan.accesses if a.kind == "load" and isinstance(a.source, plan.Arg)}
-        Externals.to_host(bound, g.ck, grads=True, inputs=read)
+        Externals.to_host(bound, g.ck, grads=True, inputs=read, kernel=k.__name__)
         return ret
     fwd, _specs, rt = k._get(args)
     _require_checked(k, fwd, args)

@@ -10,6 +10,7 @@ from ..types import f16, u32
 from .ops_table import word_dtype
 from .plan import stack_words, task_plan, words_of
 from ..access_check import AccessCheck
+from ..errors import ZeroDivisionCheck
 from ..nan_check import GradCheck
 from .common import DEFAULT_GRID_CAP, Options, arg_words, kept_assert
 from .wgsl import TaskEmitter
@@ -24,7 +25,8 @@ def _assert_codes(kernel: Kernel, debug: bool) -> tuple[dict[int, int], list[tup
             if s.op is Op.ASSERT and kept_assert(s, debug):
                 table.append((s.attr, [word_dtype(v.dtype) if v.dtype == f16 else v.dtype for v in s.args[1:]]))
                 kinds.append("nan" if isinstance(s.attr, GradCheck) else
-                             "access" if isinstance(s.attr, AccessCheck) else "assert")
+                             "access" if isinstance(s.attr, AccessCheck) else
+                             "zerodiv" if isinstance(s.attr, ZeroDivisionCheck) else "assert")
                 codes[id(s)] = len(table)   # 1 + position; 0 means "no error"
             elif s.op is Op.STACK_PUSH:
                 cap = s.args[0].attr

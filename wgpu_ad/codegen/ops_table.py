@@ -148,13 +148,16 @@ ALU: dict[Op, Spelling | Callable[[Stmt, list[str]], str]] = {
     Op.SIN: floats("sin({0})"),
     Op.COS: floats("cos({0})"),
     Op.TAN: floats("tan({0})"),
-    # atan2 forms: lavapipe's asin/acos lose ~4e-4 near +-1; these stay within float32 rounding
-    Op.ASIN: floats("atan2({0}, sqrt((1.0 - {0}) * (1.0 + {0})))"),
-    Op.ACOS: floats("atan2(sqrt((1.0 - {0}) * (1.0 + {0})), {0})"),
-    Op.ATAN: floats("atan({0})"),
-    Op.TANH: floats("tanh({0})"),
+    # atan2 forms: lavapipe's asin/acos lose ~4e-4 near +-1, its atan / atan2 350 ulps everywhere;
+    # atan2_f32 of shaders/math.wgsl stays within a few (tests/test_math_accuracy.py has the bounds)
+    Op.ASIN: Spelling(f="atan2_f32({0}, sqrt((1.0 - {0}) * (1.0 + {0})))",
+                      h="f16(atan2_f32(f32({0}), sqrt((1.0 - f32({0})) * (1.0 + f32({0})))))"),
+    Op.ACOS: Spelling(f="atan2_f32(sqrt((1.0 - {0}) * (1.0 + {0})), {0})",
+                      h="f16(atan2_f32(sqrt((1.0 - f32({0})) * (1.0 + f32({0}))), f32({0})))"),
+    Op.ATAN: helper("atan_f32"),
+    Op.TANH: helper("tanh_f32"),                  # lavapipe's: 0.44 of the value off near 1e-7
     Op.EXP: floats("exp({0})"),
-    Op.LOG: floats("log({0})"),
+    Op.LOG: helper("log_f32"),                    # lavapipe's: an absolute error bound near 1
     Op.SQRT: floats("sqrt({0})"),
     Op.RSQRT: floats("inverseSqrt({0})"),
     # WGSL's asinh / acosh / atanh may be log(x + sqrt(x * x + 1.0)) ... (lavapipe's are): helpers
@@ -180,7 +183,7 @@ ALU: dict[Op, Spelling | Callable[[Stmt, list[str]], str]] = {
     Op.MOD: Spelling(f="{0} - {1} * floor({0} / {1})", i="mod_i32({0}, {1})", u="{0} % {1}"),
     Op.POW: Spelling(f="pow_f32({0}, {1})", h="f16(pow_f32(f32({0}), f32({1})))",
                      i="pow_i32({0}, {1})", u="pow_u32({0}, {1})"),
-    Op.ATAN2: floats("atan2({0}, {1})"),
+    Op.ATAN2: Spelling(f="atan2_f32({0}, {1})", h="f16(atan2_f32(f32({0}), f32({1})))"),
     Op.MIN: num("min({0}, {1})"),
     Op.MAX: num("max({0}, {1})"),
     Op.BIT_AND: Spelling(i="{0} & {1}", u="{0} & {1}", b="{0} & {1}"),
@@ -202,7 +205,7 @@ ALU: dict[Op, Spelling | Callable[[Stmt, list[str]], str]] = {
 
 # helper functions of shaders/math.wgsl that spellings may call; one a helper calls comes after it
 MATH_HELPERS = ("floordiv_i32", "mod_i32", "pow_f32", "pow_i32", "pow_u32", "asinh_f32", "acosh_f32",
-                "atanh_f32", "log1p_f32", "expm1_f32")
+                "atanh_f32", "tanh_f32", "log_f32", "log1p_f32", "expm1_f32", "atan2_f32", "atan_f32")
 
 
 def spell(s: Stmt, operands: list[str]) -> str | None:

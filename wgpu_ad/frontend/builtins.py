@@ -100,7 +100,7 @@ select = Builtin("select", np.where, _select)
 
 
 def _cast(o: Ops, x, dtype):
-    return o.cast(x, to_dtype(dtype))
+    return o.cast(x, to_dtype(dtype), explicit=True)
 
 
 cast = Builtin("cast", lambda x, dtype: to_dtype(dtype).np.type(x), _cast)
@@ -251,7 +251,7 @@ PY_BUILTINS = {f: b for b, fs in _PY_FUNCTIONS.values() for f in fs}
 
 
 def lower_int(o: Ops, x):
-    return o.cast(x, i32)
+    return o.cast(x, i32, explicit=True)
 
 
 def lower_float(o: Ops, x):

@@ -47,7 +47,7 @@ class KernelContext:
         self.pf = pf
         self.debug = debug
         self.builder = Builder()
-        self.ops = Ops(self.builder)
+        self.ops = Ops(self.builder, check_divisors=debug, kernel=name)
         self.buffers: dict[int, Buffer] = {}
         self.storages: list = []   # the live fields the kernel names: plan.Field(k) is storages[k]
         self.kernel = Kernel(name, [], loc=pf.loc(pf.tree))

@@ -146,7 +146,7 @@ class MatMethod:
             "max": lambda: o.reduce(Op.MAX, m),
             "min": lambda: o.reduce(Op.MIN, m),
             "trace": lambda: o.sum([m.at(i, i) for i in range(min(m.n, m.m))]),
-            "cast": lambda dtype: o.cast(m, to_dtype(dtype)),
+            "cast": lambda dtype: o.cast(m, to_dtype(dtype), explicit=True),
             "any": lambda: o.reduce(Op.OR, Mat([o.truth(e) for e in m.entries], m.shape)),
             "all": lambda: o.reduce(Op.AND, Mat([o.truth(e) for e in m.entries], m.shape)),
         }
@@ -303,7 +303,7 @@ def lower_call(fl, node: ast.Call):
             return callee(*args, **kwargs)
         return B.PY_BUILTINS[callee].lower(o, *args, **kwargs)
     if isinstance(callee, DType):
-        return callee.np.type(args[0]).item() if all_static else o.cast(args[0], callee)
+        return callee.np.type(args[0]).item() if all_static else o.cast(args[0], callee, explicit=True)
     if all_static and callable(callee):
         try:
             return callee(*args, **kwargs)  # plain Python on compile-time values (like ti.static code)

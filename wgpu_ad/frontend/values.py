@@ -8,13 +8,15 @@ Vectors and matrices are unrolled here, so the IR, autodiff and codegen only see
 """
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 
-from ..errors import CompileError
+from ..errors import CompileError, ZeroDivisionCheck
 from ..ir.builder import Builder
 from ..ir.nodes import Stmt
 from ..ir.ops import GroupOp, Op
-from ..types import DType, f32, i32, promote, u1
+from ..types import DType, f32, i32, promote, u1, u32
 from .fold import fold
 
 Scalar = "Stmt | int | float | bool"
@@ -60,6 +62,30 @@ def is_static(v) -> bool:
     return not isinstance(v, (Stmt, Mat))
 
 
+# the integer constants each type takes; a negative u32 constant is its two's complement (Taichi's
+# u[i] = -1 is 2**32 - 1), an explicit ti.cast wraps anything
+_RANGES = {i32: (-2**31, 2**31 - 1), u32: (-2**31, 2**32 - 1)}
+
+
+def _check_range(v: int, d: DType, loc) -> None:
+    """An integer constant that does not fit its type would wrap on the GPU: a compile error, with
+    the caret on the literal where the source line spells it."""
+    lo, hi = _RANGES[d]
+    if lo <= v <= hi:
+        return
+    lo = max(lo, 0) if d == u32 else lo
+    wrapped = (v - lo) % 2**32 + lo
+    if loc is not None and loc.source_line:
+        for text in (str(v), hex(v), f"{v:_}"):
+            m = re.search(r"(?<![\w.])" + re.escape(text) + r"(?![\w.])", loc.source_line[loc.col:], re.I)
+            if m:
+                loc = dataclasses.replace(loc, col=loc.col + m.start())
+                break
+    rng = f"{lo} to {hi}" if d == i32 else f"0 to {hi}; a negative constant down to -2147483648 is taken as its two's complement"
+    raise CompileError(f"the integer {v} does not fit in {d} ({rng}); it would wrap to {wrapped}. Write it as a "
+                       f"float ({v}.0) if that is what it is, or keep the value in range", loc)
+
+
 def py_dtype(v) -> DType:
     if isinstance(v, bool):
         return i32
@@ -93,8 +119,10 @@ _FLOAT_UNARY = GroupOp.Unary & GroupOp.FloatOnly
 class Ops:
     """Scalar and matrix arithmetic with Taichi's typing rules, emitting IR through a Builder."""
 
-    def __init__(self, b: Builder):
+    def __init__(self, b: Builder, check_divisors: bool = False, kernel: str = ""):
         self.b = b
+        self.check_divisors = check_divisors  # debug mode: integer // and % by 0 raise at run time
+        self.kernel = kernel
 
     # ---- scalars -------------------------------------------------------------------------
     def to_stmt(self, v, dtype: DType | None = None) -> Stmt:
@@ -107,19 +135,29 @@ class Ops:
         d = dtype or py_dtype(v)
         if d == u1:
             return self.b.const(bool(v), u1)
+        if d in (i32, u32) and not isinstance(v, bool) and isinstance(v, int):
+            _check_range(v, d, self.b.loc)
         return self.b.const(v, d)
 
-    def cast(self, v, dtype: DType):
+    def cast(self, v, dtype: DType, explicit: bool = False):
+        """v converted to dtype; explicit (ti.cast, int(), m.cast): a constant integer wraps into
+        range as on the GPU, else one out of range is a compile error (_check_range)."""
         if isinstance(v, Mat):
-            return Mat([self.cast(e, dtype) for e in v.entries], v.shape)
+            return Mat([self.cast(e, dtype, explicit) for e in v.entries], v.shape)
         if is_static(v):
             if dtype.is_float:
                 return float(v)
+            if dtype in _RANGES:
+                if explicit:  # ti.cast(-1, ti.u32) = 2**32 - 1, ti.cast(3000000000, ti.i32) < 0
+                    lo = _RANGES[dtype][0] if dtype == i32 else 0
+                    return (int(v) - lo) % 2**32 + lo
+                if isinstance(v, int) and not isinstance(v, bool):
+                    _check_range(v, dtype, self.b.loc)
             return int(v) if dtype != u1 else bool(v)
         if v.dtype == dtype:
             return v
         if v.op is Op.CONST:
-            return self.to_stmt(self.cast(v.attr, dtype), dtype)
+            return self.to_stmt(self.cast(v.attr, dtype, explicit), dtype)
         return self.b.cast(v, dtype)
 
     def truth(self, v) -> Stmt | bool:
@@ -168,7 +206,23 @@ class Ops:
             raise CompileError(f"bitwise operator on floats ({da}, {db})", self.b.loc)
         if op is Op.POW:
             return self.pow(a, b, dt)
-        return self.b.emit(op, [self.to_stmt(a, dt), self.to_stmt(b, dt)])
+        sa, sb = self.to_stmt(a, dt), self.to_stmt(b, dt)
+        if op in (Op.FLOORDIV, Op.MOD) and not dt.is_float:
+            self._divisor_check(op, sa, b if is_static(b) else sb)
+        return self.b.emit(op, [sa, sb])
+
+    def _divisor_check(self, op: Op, a: Stmt, b) -> None:
+        """Integer x // 0 and x % 0 raise in Python; WGSL gives x and 0. A constant 0 is a compile
+        error; in debug mode an ASSERT reports a 0 found at run time (KernelZeroDivisionError)."""
+        sym = "//" if op is Op.FLOORDIV else "%"
+        if is_static(b):
+            if b == 0:
+                raise CompileError(f"integer division by zero: x {sym} 0 (Python raises ZeroDivisionError)", self.b.loc)
+            return
+        if self.check_divisors:
+            check = ZeroDivisionCheck(self.kernel, sym, self.b.loc)
+            self.b.emit(Op.ASSERT, [self.b.emit(Op.NE, [b, self.to_stmt(0, b.dtype)]), a], None, check)
+        # (without debug mode: x // 0 = x and x % 0 = 0, what WGSL gives; docs/language.md)
 
     @staticmethod
     def _literal_types(a, b, da: DType, db: DType) -> tuple[DType, DType]:

@@ -23,9 +23,10 @@ import weakref
 import numpy as np
 
 from .. import plan
-from ..errors import KernelArgError
+from ..errors import KernelArgError, TorchGradWarning
 from ..session import generation as _generation
 from ..types import MatrixType, VectorType, f32, i32, u32
+from ..user_code import warn
 
 _DTYPES = {np.dtype(np.float32): f32, np.dtype(np.int32): i32, np.dtype(np.uint32): u32}
 _CONVERT = {"float64": "float32", "int64": "int32", "float16": "float32", "bool": "int32"}
@@ -133,7 +134,7 @@ class Externals:
         return tuple(out), bound
 
     @staticmethod
-    def to_host(bound: list, ck, grads: bool, inputs: set | None = None) -> None:
+    def to_host(bound: list, ck, grads: bool, inputs: set | None = None, kernel: str = "") -> None:
         """Copy back what the launch wrote: the arguments (grads=False) or the gradients (True)
         that a task binds writable. With grads, only those of `inputs` (the arguments the forward
         kernel reads): an output's gradient is the seed, which the adjoint consumes (zeroes) on the
@@ -148,6 +149,8 @@ class Externals:
                 continue
             if grads:
                 _write_grad(host, dev.grad.to_numpy())
+                if _torch_accumulates_too(host):
+                    _warn_double_count(kernel, dev.name or "x")
             else:
                 _write(host, dev.to_numpy())
 
@@ -169,6 +172,31 @@ def _write_grad(host, values: np.ndarray) -> None:
             host.grad = values.to(device=host.device, dtype=host.dtype)
         else:
             host.grad.copy_(values)
+
+
+def _torch_accumulates_too(t) -> bool:
+    """Whether torch's backward pass is running and will accumulate into t.grad itself (t is a
+    leaf of the graph it is differentiating)."""
+    if not (t.is_leaf and t.requires_grad):
+        return False
+    torch = sys.modules["torch"]
+    try:
+        if torch._C._current_graph_task_id() == -1:  # no backward pass running (on this thread)
+            return False
+        from torch.autograd.graph import get_gradient_edge
+        # the leaf's AccumulateGrad node runs in this pass (as torch's register_multi_grad_hook asks)
+        return bool(torch._C._will_engine_execute_node(get_gradient_edge(t).node))
+    except (AttributeError, RuntimeError):  # another torch: no warning rather than a wrong one
+        return False
+
+
+def _warn_double_count(kernel: str, name: str) -> None:
+    warn(f"{kernel}.grad() added the gradient of argument '{name}' into {name}.grad while torch's backward "
+         f"pass is running, and {name} is a leaf tensor of that pass, into whose .grad torch accumulates "
+         f"too: if the torch.autograd.Function's backward returns {name}.grad, the gradient is counted "
+         f"twice. Pass a detached copy instead and return its .grad: "
+         f"{name}d = {name}.detach().requires_grad_(); {kernel}.grad({name}d, ...); return {name}d.grad",
+         TorchGradWarning)
 
 
 EXTERNALS = Externals()

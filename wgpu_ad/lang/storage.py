@@ -27,6 +27,33 @@ def _guard():
     return _rt.current().ad.host_guard
 
 
+def _fitted(a: np.ndarray, dt: DType, what: str) -> np.ndarray:
+    """a converted to dtype dt, or WgpuAdError naming the first value that does not fit: an
+    integer out of dt's range (it would wrap), a float beyond f16 / f32's range (it would become
+    inf), a float out of an integer type's range or NaN (the conversion is undefined)."""
+    t = dt.np
+    if a.dtype == t:
+        return a
+    with np.errstate(all="ignore"):
+        out = a.astype(t)
+        if t.kind in "iu":
+            info = np.iinfo(t)
+            bad = ~((a >= info.min) & (a <= info.max)) if a.dtype.kind in "iuf" else None
+            fits = f"does not fit in {dt} ({info.min} to {info.max})"
+        elif t.kind == "f" and a.dtype.kind == "f":
+            bad = np.isinf(out) & np.isfinite(a)
+            fits = f"is beyond {dt}'s largest finite value {float(np.finfo(t).max):g} and would become inf"
+        else:
+            bad = None
+    if bad is None or not bad.any():
+        return out
+    k = int(np.argmax(bad))
+    where = f" at index {tuple(int(i) for i in np.unravel_index(k, a.shape))}" if a.ndim else ""
+    value = a.reshape(-1)[k].item()
+    raise WgpuAdError(f"{what}: the {a.dtype} value {value!r}{where} {fits}"
+                      + (f"; it would wrap to {out.reshape(-1)[k].item()!r}" if a.dtype.kind in "iu" else ""))
+
+
 # How many of its latest writes a storage remembers for kernel.grad()'s check (lang/kernel.py): a
 # simulation of that many stored steps differentiated by hand; past that the check assumes the worst.
 WRITE_LOG = 4096
@@ -334,7 +361,7 @@ class Storage(ABC):
             raise WgpuAdError(f"{what}: expected numbers, got {value!r}")
         if arr.shape not in ((), shape):
             raise WgpuAdError(f"{what}: expected a scalar or shape {shape}, got shape {arr.shape}")
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"):  # casts like Taichi's (u[0] = -1 is 2**32 - 1), as from_numpy does not
             return arr.astype(self.dtype.np)
 
     # ---- whole-storage operations -------------------------------------------------------------
@@ -365,9 +392,10 @@ class Storage(ABC):
             raise WgpuAdError(f"{self._label()}.from_numpy: cannot store {a.dtype} data in a {self.dtype} "
                               f"{self._kind} without losing its kind; convert it first, e.g. "
                               f"arr.astype(np.{self.dtype.np.name})")
+        data = _fitted(a, self.dtype, f"{self._label()}.from_numpy")
         if (guard := _guard()) is not None:
             guard(self, "from_numpy()")
-        _rt.runtime().write(self.gpu_buffer(), np.ascontiguousarray(a, dtype=self.dtype.np))
+        _rt.runtime().write(self.gpu_buffer(), np.ascontiguousarray(data))
         self.wrote("from_numpy")
 
     def wrote(self, who: str) -> None:

@@ -99,7 +99,7 @@ class ErrorChecks:
         template, dtypes = ck.asserts[which - 1]
         values = [words[1 + i: 2 + i].view(to_dtype(dt).np)[0].item() for i, dt in enumerate(dtypes)]
         kind = ck.assert_kinds[which - 1] if which <= len(ck.assert_kinds) else "stack"
-        if kind in ("nan", "access"):  # GradientNaNError, DataAccessError
+        if kind in ("nan", "access", "zerodiv"):  # GradientNaNError, DataAccessError, KernelZeroDivisionError
             raise template.error(values, storage)
         cls = KernelAssertionError if kind == "assert" else KernelRuntimeError
         raise cls(f"kernel '{ck.name}': " + template.format(*values))
