@@ -223,7 +223,8 @@ def test_cache_entries_hold_plain_data(tmp_path, monkeypatch):
         data = e.read_bytes()
         assert b"wgpu_ad.ir" not in data and b"wgpu_ad.lang" not in data, e
         payload = data[data.index(b"\n") + 1 + 12:]
-        ck = pickle.loads(payload)
+        key, ck = pickle.loads(payload)  # (an entry holds its key beside the kernel)
+        assert key == e.stem
         assert isinstance(ck.plan, plan.LaunchPlan)
 
 

@@ -4,14 +4,9 @@ with constants what a gradient would flow through are named in a GradientWarning
 line, or refused (Taichi returns zero gradients there, silently)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..errors import WgpuAdError
 from ..user_code import warn
 from .naming import describe, quoted
-
-if TYPE_CHECKING:
-    from .tape import TapeEntry
 
 
 def accesses(kernel, args) -> tuple[list, list] | None:
@@ -26,7 +21,7 @@ def _float(s) -> bool:
     return s.dtype.is_float and not s.is_grad
 
 
-def check_flow(entries: list[TapeEntry], loss) -> None:
+def check_flow(entries: list, loss) -> None:
     """Refuse a backward pass that cannot produce the gradients the user expects, naming why."""
     infos = []
     for e in entries:
@@ -50,7 +45,7 @@ def check_flow(entries: list[TapeEntry], loss) -> None:
             f"(Python-scope assignments such as {_n(loss)}[None] = ... are not recorded)", GradientWarning)
         return
     # Fields computed on the tape from something with a gradient, but without one themselves.
-    dependent: dict[int, TapeEntry] = {}
+    dependent: dict = {}
     for e, reads, writes, _ in infos:
         if e.kind == "no_grad":
             continue

@@ -297,7 +297,9 @@ class Storage(ABC):
                 raise WgpuAdError(f"{self._label()} of shape {shape} ({self.dtype}) needs {nbytes} bytes, "
                                   f"more than this adapter's {key} ({limit} bytes); make it smaller or "
                                   f"split it into several fields")
-        self._buffer = rt.create_storage(nbytes, self.name or self._kind)
+        with rt._lock:  # two threads' first launches must not make two buffers, one of them lost
+            if self._buffer is None:
+                self._buffer = rt.create_storage(nbytes, self.name or self._kind)
         return self._buffer
 
     # ---- indexing -----------------------------------------------------------------------------
