@@ -67,6 +67,38 @@ def imports(name: str, path: Path, known: dict) -> set[str]:
     return out
 
 
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+
 def subpackage_cycles() -> list[list[str]]:
     """Strongly connected groups of subpackages (more than one), each sorted."""
     known = modules()
@@ -76,34 +108,7 @@ def subpackage_cycles() -> list[list[str]]:
             a, b = unit(name), unit(t)
             if a != b:
                 graph[a].add(b)
-    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
-
-    def visit(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(set(graph) | {w for ws in graph.values() for w in ws}):
-        if v not in index:
-            visit(v)
-    return sorted(out)
+    return cycles(graph)
 
 
 def edges_within(cycle: list[str]) -> list[str]:
@@ -182,7 +187,6 @@ def mutable_globals() -> list[str]:
 
 def launch_calls() -> dict[str, collections.Counter]:
     """Calls inside the package during one warm launch of each probe kernel (in this process)."""
-    import numpy as np  # noqa: F401
 
     import wgpu_ad as ti
 

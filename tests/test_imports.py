@@ -8,92 +8,16 @@ packages is left out (every module would otherwise reach wgpu_ad/__init__.py's r
 """
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-# the package's folders, by the package name they install as (pyproject's package-dir)
-PACKAGES = {"wgpu_ad": ROOT / "wgpu_ad", "wgpu_ad.shaders": ROOT / "shaders", "wgpu_ad.viewer": ROOT / "viewer"}
+from benchmarks.architecture import cycles, imports, modules  # the graph is read once, there
 
 # Circles allowed to remain, each as the sorted names of its modules (none today). A circle not
 # listed here fails, and so does a listed one that is gone (delete it).
 KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
 
-def modules() -> dict[str, Path]:
-    """Every module of the package by its dotted name (a package by its own name)."""
-    out = {}
-    for pkg, folder in PACKAGES.items():
-        for path in sorted(folder.rglob("*.py")):
-            parts = list(path.relative_to(folder).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            name = ".".join([pkg, *parts])
-            if name.split(".")[:2] == ["wgpu_ad", "shaders"] and pkg == "wgpu_ad":
-                continue  # an installed copy inside the package folder: shaders/ is the source
-            out[name] = path
-    return out
-
-
-def _imports(name: str, path: Path, known: dict) -> set[str]:
-    """The package's modules that `name` (at `path`) imports, anywhere in its body."""
-    is_pkg = path.name == "__init__.py"
-    here = name.split(".") if is_pkg else name.split(".")[:-1]
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module.split(".") if node.module else []
-            if node.level:
-                base = here[:len(here) - node.level + 1] + base
-            base_name = ".".join(base)
-            targets = [f"{base_name}.{a.name}" if f"{base_name}.{a.name}" in known else base_name
-                       for a in node.names]
-        else:
-            continue
-        for t in targets:
-            while t and t not in known:  # `import wgpu_ad.x.y` names a module; a name in it is not one
-                t = t.rpartition(".")[0]
-            if t and t != name:
-                out.add(t)
-    return out
-
-
 def import_graph() -> dict[str, set[str]]:
     known = modules()
-    return {name: _imports(name, path, known) for name, path in known.items()}
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components with more than one module (Tarjan), each sorted."""
-    index, low, stack, on_stack, out = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return sorted(out)
+    return {name: imports(name, path, known) for name, path in known.items()}
 
 
 def a_circle(graph: dict[str, set[str]], comp: list[str]) -> list[str]:

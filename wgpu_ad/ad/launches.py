@@ -352,28 +352,29 @@ def grad(k, args: tuple):
         raise WgpuAdError(
             f"{k.__name__}.grad() inside ti.ad.FwdMode (entered at {ad.fwd._where}): reverse mode on top of "
             f"forward mode is not supported; call {k.__name__}.grad() outside the FwdMode `with` block")
-    keep = k._keep
     if k._ndarrays and k._has_external(args):
         dev, bound = EXTERNALS.to_device(k, args, k._ndarrays, with_grads=True)
         fwd = k._get(dev)[0]
         _require_checked(k, fwd, dev, external=True)
-        g, _specs, rt = k._get_grad(dev, launching=True)
-        snaps = keep.pop_snapshots(fwd, dev)
-        scratch = keep.scratch_for_grad(fwd, ad.in_backward)
-        ret = launch(g, dev + snaps + scratch, rt)
-        keep.recycle(snaps)
-        keep.recycle_scratch(fwd, scratch)
+        ret, g = _adjoint(k, fwd, dev, ad)
         read = {a.source.arg for a in fwd.plan.accesses if a.kind == "load" and isinstance(a.source, plan.Arg)}
         Externals.to_host(bound, g.ck, grads=True, inputs=read, kernel=k.__name__)
         return ret
-    fwd, _specs, rt = k._get(args)
+    fwd = k._get(args)[0]
     _require_checked(k, fwd, args)
     if not ad.in_backward:  # a tape checks its launches itself
         _check_versions(k, fwd, args)
+    return _adjoint(k, fwd, args, ad)[0]
+
+
+def _adjoint(k, fwd, args, ad):
+    """Launch the adjoint of forward Launcher fwd with the copies and sums its launch kept;
+    (its return value, the adjoint's Launcher)."""
+    keep = k._keep
     g, _specs, rt = k._get_grad(args, launching=True)
     snaps = keep.pop_snapshots(fwd, args)
     scratch = keep.scratch_for_grad(fwd, ad.in_backward)
     ret = launch(g, args + snaps + scratch, rt)
     keep.recycle(snaps)
     keep.recycle_scratch(fwd, scratch)
-    return ret
+    return ret, g
