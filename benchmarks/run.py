@@ -140,6 +140,15 @@ def machine_info() -> dict:
             "load_avg_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
 
+def _write_json(path: str | None, out: dict) -> bool:
+    if not path:
+        return False
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cases = quick_cases() if args.quick else full_cases()
@@ -149,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     do_torch = (not args.only or "torch" in args.only) and "wgpu_ad" in args.systems
     do_checkpoint = (not args.only or "checkpoint" in args.only) and "wgpu_ad" in args.systems
     do_fwdmode = (not args.only or "fwdmode" in args.only) and "wgpu_ad" in args.systems
-    out = {"machine": machine_info(), "quick": args.quick, "systems": args.systems, "cases": [], "compile": None,
+    out = {"machine": machine_info(), "quick": args.quick, "complete": False, "systems": args.systems, "cases": [], "compile": None,
            "torch": None, "checkpoint": None, "fwdmode": None}
     print(f"benchmarks on {out['machine']['cpu']} ({out['machine']['cores']} cores); systems: "
           f"{', '.join(args.systems)}{' (quick)' if args.quick else ''}", flush=True)
@@ -166,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 rec = run_case(case, workers, args.reps or case.reps)
                 out["cases"].append(rec)
                 print(report.case_block(rec, args.systems) + f"  ({time.perf_counter() - t0:.0f} s)\n", flush=True)
+                _write_json(args.json, out)  # a run stopped at a time limit keeps the cases done
         finally:
             for w in workers.values():
                 w.close()
@@ -192,9 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(os, "getloadavg"):
         out["machine"]["load_avg_at_end"] = os.getloadavg()[0]
     print(f"total {out['total_s']:.0f} s", flush=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=1)
+    out["complete"] = True
+    if _write_json(args.json, out):
         print(f"wrote {args.json}")
     wrong = [(rec["case"], s) for rec in out["cases"] for s, c in rec["checks"].items() if not c["ok"]]
     if wrong:

@@ -82,6 +82,11 @@ class _Env:
             from .workloads import TorchEnv
             self.ti = torch
             self.tt = TorchEnv(torch, "cuda" if torch.cuda.is_available() else "cpu", system == "torch-compile")
+            if self.tt.device == "cpu":
+                # one thread, like warp-cpu: on the 2-core VM shared with other work, torch.compile's
+                # OpenMP kernels with 2 threads took 6 s for gravity N=256's fwd+bwd (a parallel
+                # region waits for its descheduled thread each time), 0.8 ms with one
+                torch.set_num_threads(1)
         elif system == "jax":
             os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # GPU memory for the other systems
             import jax
