@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The GPU check in one device call, on a machine prepared by ../shared/device/prepare.sh --taichi:
 #   device run, carry [".device"], command: bash .device/run.sh 'bash benchmarks/gpu_check.sh'
-# In order, each stopped at its time limit (seconds; all together within the device's 600 s a call):
+# In order, each stopped at its time limit (seconds; by default about 530 s in all, within the
+# device tool's 600 s a call):
 #   adapter.txt       python -m wgpu_ad: the adapter wgpu_ad picks, its features and limits
-#   pytest.log        the test suite on all cores (SUITE_S, 240), one line per test as it ends (-v),
+#   pytest.log        the test suite on all cores (SUITE_S, 220), one line per test as it ends (-v),
 #                     so a run stopped at its limit keeps the names; failed.txt: the failed ones
-#   bench.log/.json   the workloads against the GPU users' anchors (BENCH_S, 200): wgpu_ad, wgsl,
+#   bench.log/.json   the workloads against the GPU users' anchors (BENCH_S, 190): wgpu_ad, wgsl,
 #                     taichi-cuda, taichi-vulkan, torch (CUDA), jax (CUDA), and the copy bandwidth
 #                     beside the reduction (BENCH_SYSTEMS, BENCH_ONLY, BENCH_ARGS to change them)
-#   compile.log/.json torch.compile on the same workloads beside wgpu_ad (COMPILE_S, 100: Triton
+#   compile.log/.json torch.compile on the same workloads beside wgpu_ad (COMPILE_S, 90: Triton
 #                     compiles each case first; a case that does not compile says why)
 #   extra.log/.json   only with EXTRA_S > 0: compile times, the torch bridge, checkpoint, fwdmode
 # The JSON is rewritten after every case, so a stage stopped at its limit keeps the cases it did.
@@ -31,9 +32,9 @@ print('jax', jax.__version__, jax.devices(), 'numpy', numpy.__version__)" 2>&1 |
 $PY -c "import taichi; print('taichi', taichi.__version__)" >> "$OUT/versions.txt" 2>&1
 timeout 60 $PY -m wgpu_ad > "$OUT/adapter.txt" 2>&1; echo "python -m wgpu_ad exit: $?"; head -n 5 "$OUT/adapter.txt"
 
-timeout "${SUITE_S:-240}" $PY -m pytest -v $parallel -p no:cacheprovider -p no:benchmark -rfE \
+timeout "${SUITE_S:-220}" $PY -m pytest -v $parallel -p no:cacheprovider -p no:benchmark -rfE \
   ${PYTEST_ARGS:-} > "$OUT/pytest.log" 2>&1
-echo "pytest exit: $? (124: stopped at ${SUITE_S:-240} s)" | tee -a "$OUT/pytest.log"
+echo "pytest exit: $? (124: stopped at ${SUITE_S:-220} s)" | tee -a "$OUT/pytest.log"
 grep -E '(FAILED|ERROR) ' "$OUT/pytest.log" | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' | sort -u > "$OUT/failed.txt"
 echo "failed or erroring: $(wc -l < "$OUT/failed.txt")"; head -n 40 "$OUT/failed.txt"
 grep -E '^[0-9]+ (passed|failed)|passed|failed' "$OUT/pytest.log" | tail -n 1
@@ -48,9 +49,9 @@ bench() {  # bench NAME LIMIT ARGS...: one stage of the benchmarks
   echo "benchmarks ($name) exit: $? (124: stopped at $limit s)"
   grep -A 30 '^Medians' "$OUT/$name.log" || grep -E '^  (fwd|fwd\+bwd|launches|sync|copy) ' "$OUT/$name.log"
 }
-bench bench "${BENCH_S:-200}" --only "${BENCH_ONLY:-gravity,cloth,reduction,scatter,launch}" \
+bench bench "${BENCH_S:-190}" --only "${BENCH_ONLY:-gravity,cloth,reduction,scatter,launch}" \
   --systems "$(installed "${BENCH_SYSTEMS:-wgpu_ad,wgsl,taichi-cuda,taichi-vulkan,torch,jax}")" --reps "${BENCH_REPS:-5}" ${BENCH_ARGS:-}
-bench compile "${COMPILE_S:-100}" --only "${COMPILE_ONLY:-gravity,cloth,reduction,scatter}" \
+bench compile "${COMPILE_S:-90}" --only "${COMPILE_ONLY:-gravity,cloth,reduction,scatter}" \
   --systems "$(installed wgpu_ad,torch-compile)" --reps "${BENCH_REPS:-5}"
 if (( ${EXTRA_S:-0} > 0 )); then
   bench extra "$EXTRA_S" --only compile,torch,checkpoint,fwdmode --systems "$(installed wgpu_ad,wgsl,taichi-vulkan)" \

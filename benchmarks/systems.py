@@ -111,7 +111,7 @@ class _Env:
         if self.tt is not None:
             ti._dynamo.reset()  # compiled graphs of the last case go
             where = (ti.cuda.get_device_name() if self.tt.device == "cuda"
-                     else f"the CPU ({ti.get_num_threads()} threads)")
+                     else f"the CPU ({ti.get_num_threads()} thread{'s' if ti.get_num_threads() > 1 else ''})")
             return f"torch {ti.__version__} {'torch.compile' if self.tt.compiled else 'eager'} on {where}"
         if self.system == "jax":
             d = ti.devices()[0]

@@ -85,10 +85,12 @@ def test_new_systems_say_where_they_ran(quick_run):
     """torch and JAX name their device (the CPU here, a GPU when they see one); taichi-cuda runs
     on a CUDA GPU or every case says why it did not."""
     stdout, data, systems = quick_run
-    for s in ("torch", "torch-compile", "jax"):
+    for s in ("torch", "torch-compile"):
         if s in systems:
             dev = data["devices"][s]
-            assert (" on the CPU" in dev or " on cpu" in dev) if not _cuda() else "cpu" not in dev.lower(), dev
+            assert " on the CPU (1 thread" in dev if not _cuda() else "cpu" not in dev.lower(), dev
+    if "jax" in systems:
+        assert data["devices"]["jax"].startswith("jax ") and " jit on " in data["devices"]["jax"]
     if "taichi-cuda" in systems and not _cuda():
         for case in data["cases"]:
             assert "no CUDA GPU" in case["skipped"]["taichi-cuda"], case["case"]
