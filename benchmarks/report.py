@@ -42,11 +42,38 @@ def case_block(rec: dict, systems: list[str]) -> str:
         flag = "ok" if c["ok"] else f"OUTSIDE TOLERANCE {rec['tol']:g}"
         g = f", {rec['grad_name']} = {_val(c['grad'])}{_err(c['grad_rel_err'])}" if rec["grad_name"] else ""
         lines.append(f"  {s:<14} {rec['loss_name']} = {_val(c['loss'])}{_err(c['loss_rel_err'])}{g}  {flag}")
+    if "copy" in rec:
+        lines += copy_lines(rec)
     for s, e in rec["errors"].items():
         lines.append(f"  {s:<14} FAILED: {_first_line(e)}")
     for s, e in rec.get("skipped", {}).items():
         lines.append(f"  {s:<14} not run: {_first_line(e).split(': ', 1)[-1]}")
     return "\n".join(lines)
+
+
+def bandwidth_fractions(rec: dict) -> tuple[float | None, dict]:
+    """The reduction's physical limit, the fastest device copy measured (GB/s, reads and writes
+    counted), and per system and mode the fraction of it the reduction reaches: fwd reads the
+    n floats once; fwd+bwd reads them and writes their gradient."""
+    limit = max((c["gb_s"] for c in rec.get("copy", {}).values()), default=None)
+    if not limit:
+        return None, {}
+    nbytes = 4 * rec["params"]["n"]
+    moved = {"fwd": nbytes, "fwd+bwd": 2 * nbytes}
+    return limit, {s: {m: moved[m] / (t * 1e-3) / 1e9 / limit for m, t in med.items() if m in moved}
+                   for s, med in rec["median"].items()}
+
+
+def copy_lines(rec: dict) -> list[str]:
+    lines = [f"  copy bandwidth ({_fmt(rec['params']['n'] * 4 / 2**20)} MiB): " + " | ".join(
+        f"{s} {c['gb_s']:.3g} GB/s ({c['how']})" for s, c in rec["copy"].items())]
+    lines += [f"  copy bandwidth: {s} FAILED: {_first_line(e)}" for s, e in rec.get("copy_errors", {}).items()]
+    limit, frac = bandwidth_fractions(rec)
+    if limit:
+        lines.append(f"  reduction at a fraction of the fastest copy ({limit:.3g} GB/s; fwd reads n floats, fwd+bwd "
+                     f"also writes n): " + " | ".join(
+                         f"{s} " + "/".join(f"{f * 100:.2g}%" for f in fr.values()) for s, fr in frac.items()))
+    return lines
 
 
 def _first_line(e: str) -> str:
@@ -114,7 +141,8 @@ def _target(rows: list, what: str, value: float | None, limit: float, strict: bo
                  "miss": None if met else value / limit})
 
 
-ANCHORS = ("wgsl", "taichi-vulkan", "taichi-cpu", "warp-cpu")   # not wgpu_ad-cas: that is wgpu_ad too
+ANCHORS = ("wgsl", "taichi-vulkan", "taichi-cuda", "taichi-cpu", "warp-cpu", "torch", "torch-compile", "jax")
+# (not wgpu_ad-cas: that is wgpu_ad too)
 
 
 def _best_anchor(rec: dict, mode: str) -> str | None:
@@ -147,9 +175,18 @@ def targets(out: dict) -> list[dict]:
                 best = _best_anchor(rec, mode)
                 what = f"{rec['case']} {mode}: wgpu_ad / best anchor" + (f" ({best})" if best else "") + " <= 1"
                 _target(rows, what, ratio(best, mode) if best else None, 1.0)
+        if w in ("gravity", "cloth", "reduction", "scatter"):   # issue #29: the GPU users' anchors
+            for other in ("torch", "jax"):
+                _target(rows, f"{rec['case']} fwd+bwd: wgpu_ad / {other} < 1", ratio(other, "fwd+bwd"), 1.0, strict=True)
+        if w == "reduction":
+            limit, frac = bandwidth_fractions(rec)
+            f = frac.get(REF, {}).get("fwd")
+            _target(rows, f"{rec['case']} fwd: copy bandwidth / wgpu_ad's <= 1 / 0.7", f and 1.0 / f, 1.0 / 0.7)
         if w == "launch":
             v = med.get(REF, {}).get("launches")
             _target(rows, f"{rec['case']}: wgpu_ad us/launch <= 15", v, 15.0, unit="us")
+            _target(rows, f"{rec['case']}: wgpu_ad sync with nothing pending <= 50 us", med.get(REF, {}).get("sync"),
+                    50.0, unit="us")
     c = out.get("compile")
     if c:
         r = c["systems"].get(REF)

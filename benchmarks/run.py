@@ -1,4 +1,4 @@
-"""wgpu_ad against Taichi (Vulkan, CPU) and hand-written WGSL, in one interleaved run.
+"""wgpu_ad against hand-written WGSL, Taichi (Vulkan, CUDA, CPU), Warp, PyTorch and JAX, interleaved.
 
     python -m benchmarks [--quick] [--json out.json] [--only NAME[,NAME]] [--systems a,b] [--reps R]
     python benchmarks/run.py ...          (the same)
@@ -27,10 +27,10 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import checkpoint, compile_time, forward_mode, report, torch_bridge
-from benchmarks.systems import (ALL_SYSTEMS, Worker, WorkerError, WorkerSkip, default_systems, taichi_available,
-                                warp_available)
+from benchmarks.systems import ALL_SYSTEMS, NEEDS, Worker, WorkerError, WorkerSkip, default_systems, installed
 from benchmarks.workloads import Case, full_cases, quick_cases
 
+LIBRARY = {"taichi": "Taichi", "warp": "NVIDIA Warp", "torch": "PyTorch", "jax": "JAX"}
 WORKLOADS = ("gravity", "cloth", "reduction", "scatter", "launch", "compile", "torch", "checkpoint", "fwdmode")
 
 
@@ -41,8 +41,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--only", metavar="NAME", action="append", default=[],
                     help=f"run only these workloads (comma-separated or repeated): {', '.join(WORKLOADS)}")
     ap.add_argument("--systems", metavar="LIST", default=None,
-                    help=f"comma-separated subset of {', '.join(ALL_SYSTEMS)} (default: all available; "
-                         f"Taichi when `import taichi` works, Warp when `import warp` works)")
+                    help=f"comma-separated subset of {', '.join(ALL_SYSTEMS)} (default: all installed but "
+                         f"wgpu_ad-cas; Taichi, Warp, PyTorch, JAX when they import; taichi-cuda, torch and jax "
+                         f"run on the GPU when they see one, taichi-cuda skips without one)")
     ap.add_argument("--reps", type=int, default=None, help="repetitions per case (default: per case)")
     ap.add_argument("--checkpoint-steps", type=int, default=None, metavar="T",
                     help="time steps of the checkpoint benchmark (default 2000; 40 with --quick)")
@@ -58,10 +59,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         bad = [s for s in args.systems if s not in ALL_SYSTEMS]
         if bad:
             ap.error(f"--systems: unknown system(s) {bad}; expected some of {', '.join(ALL_SYSTEMS)}")
-        if any(s.startswith("taichi") for s in args.systems) and not taichi_available():
-            ap.error("--systems: the Taichi systems need Taichi in this Python: pip install taichi==1.7.4")
-        if "warp-cpu" in args.systems and not warp_available():
-            ap.error("--systems: warp-cpu needs NVIDIA Warp in this Python: pip install warp-lang")
+        for s in args.systems:
+            if not installed(s):
+                pkg, hint = NEEDS[s]
+                ap.error(f"--systems: {s} needs {LIBRARY[pkg]} in this Python: {hint}")
     if args.checkpoint_steps is not None and args.checkpoint_steps < 1:
         ap.error(f"--checkpoint-steps must be at least 1, got {args.checkpoint_steps}")
     if args.reps is not None and args.reps < 1:
@@ -102,6 +103,14 @@ def run_case(case: Case, workers: dict[str, Worker], reps: int) -> dict:
     scale = 1e3 if mod.UNIT == "ms" else 1e6 / case.params.get("launches", 1)
     for name in live:
         rec["median"][name] = {m: statistics.median(ts) * scale for m, ts in rec["times"][name].items()}
+    if case.workload == "reduction":  # its physical limit: a device memory copy of the same bytes
+        rec["copy"], rec["copy_errors"] = {}, {}
+        for name in ("wgsl", "torch"):
+            if name in workers:
+                try:
+                    rec["copy"][name] = workers[name].call("copy", 4 * case.params["n"], reps)
+                except WorkerError as e:
+                    rec["copy_errors"][name] = str(e)
     ref_loss, ref_grad = mod.reference(case.params, mod.inputs(case.params))
     rec["reference"] = {"loss": ref_loss, "grad": ref_grad}
     for name in live:
@@ -131,6 +140,15 @@ def machine_info() -> dict:
             "load_avg_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
 
+def _write_json(path: str | None, out: dict) -> bool:
+    if not path:
+        return False
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cases = quick_cases() if args.quick else full_cases()
@@ -140,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     do_torch = (not args.only or "torch" in args.only) and "wgpu_ad" in args.systems
     do_checkpoint = (not args.only or "checkpoint" in args.only) and "wgpu_ad" in args.systems
     do_fwdmode = (not args.only or "fwdmode" in args.only) and "wgpu_ad" in args.systems
-    out = {"machine": machine_info(), "quick": args.quick, "systems": args.systems, "cases": [], "compile": None,
+    out = {"machine": machine_info(), "quick": args.quick, "complete": False, "systems": args.systems, "cases": [], "compile": None,
            "torch": None, "checkpoint": None, "fwdmode": None}
     print(f"benchmarks on {out['machine']['cpu']} ({out['machine']['cores']} cores); systems: "
           f"{', '.join(args.systems)}{' (quick)' if args.quick else ''}", flush=True)
@@ -157,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 rec = run_case(case, workers, args.reps or case.reps)
                 out["cases"].append(rec)
                 print(report.case_block(rec, args.systems) + f"  ({time.perf_counter() - t0:.0f} s)\n", flush=True)
+                _write_json(args.json, out)  # a run stopped at a time limit keeps the cases done
         finally:
             for w in workers.values():
                 w.close()
@@ -183,9 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(os, "getloadavg"):
         out["machine"]["load_avg_at_end"] = os.getloadavg()[0]
     print(f"total {out['total_s']:.0f} s", flush=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=1)
+    out["complete"] = True
+    if _write_json(args.json, out):
         print(f"wrote {args.json}")
     wrong = [(rec["case"], s) for rec in out["cases"] for s, c in rec["checks"].items() if not c["ok"]]
     if wrong:

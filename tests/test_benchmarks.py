@@ -1,7 +1,8 @@
 """The benchmark harness as a smoke test: `python -m benchmarks --quick` runs every workload on
-wgpu_ad, wgpu_ad with emulated float atomics and the hand-written WGSL (and on Taichi when it is
-installed), prints the table, and
-wgpu_ad's losses and gradient entries match the float64 NumPy references. No timing assertions."""
+wgpu_ad, wgpu_ad with emulated float atomics and the hand-written WGSL (and on Taichi, PyTorch
+eager and torch.compile'd, and JAX when they are installed: on the CPU here), prints the table,
+and every system's losses and gradient entries match the float64 NumPy references. No timing
+assertions."""
 import importlib.util
 import json
 import os
@@ -14,14 +15,26 @@ pytestmark = pytest.mark.gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK_WORKLOADS = ("gravity", "cloth", "reduction", "scatter", "launch")
+OPTIONAL = {"taichi-vulkan": "taichi", "taichi-cpu": "taichi", "taichi-cuda": "taichi", "torch": "torch",
+            "torch-compile": "torch", "jax": "jax"}
+
+
+def _installed(system: str) -> bool:
+    return importlib.util.find_spec(OPTIONAL[system]) is not None
+
+
+def _cuda() -> bool:
+    if not _installed("torch"):
+        return False
+    import torch
+    return torch.cuda.is_available()
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "quick.json"
     systems = ["wgpu_ad", "wgsl", "wgpu_ad-cas"]  # -cas: float atomics by compare-exchange
-    if importlib.util.find_spec("taichi") is not None:
-        systems += ["taichi-vulkan", "taichi-cpu"]
+    systems += [s for s in OPTIONAL if _installed(s)]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--json", str(out),
                         "--systems", ",".join(systems)],
@@ -40,11 +53,24 @@ def test_quick_run_prints_the_table(quick_run):
     assert [c["workload"] for c in data["cases"]] == list(QUICK_WORKLOADS)
 
 
-@pytest.mark.parametrize("system", ["wgpu_ad", "wgsl", "wgpu_ad-cas"])
+@pytest.mark.parametrize("system", ["wgpu_ad", "wgsl", "wgpu_ad-cas", "taichi-vulkan", "taichi-cpu", "torch",
+                                    "torch-compile", "jax"])
 def test_results_match_the_float64_reference(quick_run, system):
-    _, data, _ = quick_run
+    """Taichi's float atomics may round beyond the tolerance (the table flags it): its results are
+    only required to be checked. torch-compile skips the launch case, and any case where
+    torch.compile fails here, saying why."""
+    _, data, systems = quick_run
+    if system not in systems:
+        pytest.skip(f"{system}: {OPTIONAL[system]} is not installed in this Python")
     for case in data["cases"]:
         assert system not in case["errors"], f"{system} failed on {case['case']}: {case['errors'].get(system)}"
+        if system == "torch-compile" and system in case["skipped"]:
+            reason = case["skipped"][system]
+            assert "torch.compile" in reason, reason
+            continue
+        if system.startswith("taichi"):
+            assert system in case["checks"], case["case"]
+            continue
         check = case["checks"][system]
         ref = case["reference"]
         assert check["loss"] == pytest.approx(ref["loss"], rel=case["tol"]), case["case"]
@@ -53,6 +79,58 @@ def test_results_match_the_float64_reference(quick_run, system):
         assert check["ok"]
         for mode in case["modes"]:
             assert case["median"][system][mode] > 0
+
+
+def test_new_systems_say_where_they_ran(quick_run):
+    """torch and JAX name their device (the CPU here, a GPU when they see one); taichi-cuda runs
+    on a CUDA GPU or every case says why it did not."""
+    stdout, data, systems = quick_run
+    for s in ("torch", "torch-compile"):
+        if s in systems:
+            dev = data["devices"][s]
+            assert " on the CPU (1 thread" in dev if not _cuda() else "cpu" not in dev.lower(), dev
+    if "jax" in systems:
+        assert data["devices"]["jax"].startswith("jax ") and " jit on " in data["devices"]["jax"]
+    if "taichi-cuda" in systems and not _cuda():
+        for case in data["cases"]:
+            assert "no CUDA GPU" in case["skipped"]["taichi-cuda"], case["case"]
+        assert "taichi-cuda    not run: Taichi could not start arch=cuda" in stdout
+
+
+def test_copy_bandwidth_beside_the_reduction(quick_run):
+    """The reduction's case measures the device copy bandwidth (wgpu; torch where installed) and
+    prints each system's reduction as a fraction of the fastest copy."""
+    stdout, data, systems = quick_run
+    rec = next(c for c in data["cases"] if c["workload"] == "reduction")
+    assert not rec["copy_errors"], rec["copy_errors"]
+    assert rec["copy"]["wgsl"]["gb_s"] > 0 and "copy_buffer_to_buffer" in rec["copy"]["wgsl"]["how"]
+    if "torch" in systems:
+        assert rec["copy"]["torch"]["gb_s"] > 0
+    assert "  copy bandwidth (0.25 MiB): wgsl " in stdout
+    assert "reduction at a fraction of the fastest copy" in stdout
+
+
+def test_a_wrong_answer_is_flagged():
+    """run_case checks every system's loss and gradient entry against the float64 reference: a
+    system off by 1 % is flagged in the JSON and the printed block (a fast wrong answer shows)."""
+    from benchmarks import report, run
+    from benchmarks.workloads import Case
+    case = Case("reduction", {"n": 64}, reps=2)
+    mod = case.module()
+    ref_loss, ref_grad = mod.reference(case.params, mod.inputs(case.params))
+
+    class FakeWorker:
+        def __init__(self, scale):
+            self.scale = scale
+
+        def call(self, *msg):
+            return {"setup": "fake device", "time": 1e-3, "copy": {"how": "fake", "gb_s": 1.0},
+                    "result": (ref_loss * self.scale, ref_grad)}[msg[0]]
+
+    rec = run.run_case(case, {"wgpu_ad": FakeWorker(1.0), "jax": FakeWorker(1.01)}, reps=2)
+    assert rec["checks"]["wgpu_ad"]["ok"] and not rec["checks"]["jax"]["ok"]
+    block = report.case_block(rec, ["wgpu_ad", "jax"])
+    assert "OUTSIDE TOLERANCE" in [ln for ln in block.splitlines() if ln.strip().startswith("jax ")][0]
 
 
 def test_compile_times_are_measured(quick_run):
@@ -128,9 +206,13 @@ def test_best_anchor_is_the_fastest_system_with_a_correct_result():
     assert "taichi-vulkan  not run: no version" in report.case_block(rec, ["wgpu_ad", "wgsl", "taichi-vulkan"])
 
 
-def test_naming_a_system_that_is_not_installed_is_a_clear_error(monkeypatch, capsys):
+@pytest.mark.parametrize("system, says", [("warp-cpu", "NVIDIA Warp in this Python: pip install warp-lang"),
+                                          ("jax", "JAX in this Python: pip install jax jaxlib"),
+                                          ("torch-compile", "PyTorch in this Python: pip install torch"),
+                                          ("taichi-cuda", "Taichi in this Python: pip install taichi==1.7.4")])
+def test_naming_a_system_that_is_not_installed_is_a_clear_error(monkeypatch, capsys, system, says):
     from benchmarks import run
-    monkeypatch.setattr(run, "warp_available", lambda: False)
+    monkeypatch.setattr(run, "installed", lambda s: s != system)
     with pytest.raises(SystemExit):
-        run.parse_args(["--systems", "wgpu_ad,warp-cpu"])
-    assert "warp-cpu needs NVIDIA Warp in this Python: pip install warp-lang" in capsys.readouterr().err
+        run.parse_args(["--systems", f"wgpu_ad,{system}"])
+    assert f"--systems: {system} needs {says}" in capsys.readouterr().err

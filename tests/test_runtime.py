@@ -459,3 +459,32 @@ def test_ctrl_c_inside_a_read_back_or_a_submit_leaves_the_runtime_usable(monkeyp
     assert got.tolist() == [expected] * 16, (where, got)
     add(1.0)
     assert x.to_numpy().tolist() == [expected + 1.0] * 16
+
+
+@pytest.mark.gpu
+def test_sync_waits_only_for_work_submitted_since_the_last_wait():
+    """sync() reads back (and so waits) only when something was launched or submitted since the last
+    completed wait; the read-backs of read() count as waits. Results stay in order throughout."""
+    rt = ti.init()
+    buf = rt.create_storage(64, "a")
+    ck = add_kernel()
+    rt.sync()
+    before = rt.readback_count
+    rt.sync()
+    rt.sync()
+    assert rt.readback_count == before, "a sync with nothing pending read back"
+    rt.launch(ck, 0, [buf], u32s(5), 1)
+    rt.sync()
+    assert rt.readback_count == before + 1
+    rt.sync()
+    assert rt.readback_count == before + 1
+    rt.launch(ck, 0, [buf], u32s(2), 1)
+    assert read_u32(rt, buf, 16).tolist() == [7] * 16  # the read waited: no sync needed after it
+    rt.sync()
+    assert rt.readback_count == before + 2
+    enc = rt.device.create_command_encoder()
+    enc.clear_buffer(buf)
+    rt.submit([enc.finish()])  # work submitted by others on the device (the viewer's frames)
+    rt.sync()
+    assert rt.readback_count == before + 3
+    assert read_u32(rt, buf, 16).tolist() == [0] * 16

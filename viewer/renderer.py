@@ -254,7 +254,7 @@ class Renderer:
             rpass.draw(cmd.vertices, cmd.instances)
         rpass.end()
         try:
-            queue.submit([enc.finish()])
+            self.rt.submit([enc.finish()])  # through the runtime: ti.sync() waits for the frame too
         except _pl.WGPU_ERRORS as e:
             names = ", ".join(sorted({c.pipeline for c in frame.cmds}))
             raise GpuError(f"WebGPU rejected a viewer frame (drawing {names or 'nothing'}):\n{e}") from None
@@ -287,5 +287,5 @@ class Renderer:
         rpass.set_bind_group(0, bg)
         rpass.draw(3, 1)
         rpass.end()
-        self.device.queue.submit([enc.finish()])
+        self.rt.submit([enc.finish()])
         surface.present()

@@ -9,7 +9,9 @@ Each workload module provides, for its parameters `p` (a dict):
                              with `import wgpu_ad as ti` and `import taichi as ti`
   build_wgsl(gpu, p, inp)    the hand-written WGSL version on raw wgpu-py (benchmarks/rawgpu.py)
   reference(p, inp)          (loss, gradient entry) in float64 NumPy
-and both builds return a Program.
+and optionally build_warp(wp, p, inp), build_torch(tt, p, inp) and build_jax(jax, p, inp): the
+same program as Warp's, PyTorch's and JAX's users write it (for the array libraries: vectorised
+array code, no hand-written kernels); every build returns a Program.
 
 No `from __future__ import annotations` in the workload modules: kernel argument annotations
 (`t: ti.i32`) must be evaluated where `ti` is the function parameter, not a module global.
@@ -52,6 +54,76 @@ def warp_program(wp, forward: Callable[[], None], loss, grads: tuple, grad_entry
     def result():
         fwd_bwd()
         return float(loss.numpy()[0]), grad_entry()
+
+    return Program({"fwd": fwd, "fwd+bwd": fwd_bwd}, result)
+
+
+class NotWritten(Exception):
+    """The workload has no version for this system (e.g. no Warp program): the case skips it."""
+
+
+@dataclass
+class TorchEnv:
+    """What a build_torch gets: torch, the device its tensors live on ("cuda" when torch sees a GPU,
+    else "cpu"), and whether this is the torch-compile system (compile() is torch.compile there,
+    the identity for eager)."""
+
+    torch: object
+    device: str
+    compiled: bool
+
+    def compile(self, fn: Callable) -> Callable:
+        return self.torch.compile(fn) if self.compiled else fn
+
+    def tensor(self, a, requires_grad: bool = False):
+        return self.torch.tensor(a, device=self.device, requires_grad=requires_grad)
+
+    def sync(self) -> None:
+        if self.device != "cpu":
+            self.torch.cuda.synchronize()
+
+
+def torch_program(tt: TorchEnv, loss_fn: Callable, args: tuple, leaves: tuple, grad_entry: Callable) -> Program:
+    """The Program of a workload's PyTorch version: "fwd" runs loss_fn(*args) under no_grad;
+    "fwd+bwd" clears the leaves' gradients and runs loss_fn(*args).backward(); both end with a
+    sync on a GPU. result() returns (loss, grad_entry()) after a full run."""
+    torch = tt.torch
+
+    def fwd():
+        with torch.no_grad():
+            loss_fn(*args)
+        tt.sync()
+
+    def run():
+        for a in leaves:
+            a.grad = None
+        loss = loss_fn(*args)
+        loss.backward()
+        tt.sync()
+        return loss
+
+    def result():
+        return float(run()), grad_entry()
+
+    return Program({"fwd": fwd, "fwd+bwd": run}, result)
+
+
+def jax_program(jax, loss_fn: Callable, args: tuple, argnums, grad_entry: Callable) -> Program:
+    """The Program of a workload's JAX version: "fwd" runs jax.jit(loss_fn), "fwd+bwd"
+    jax.jit(jax.value_and_grad(loss_fn, argnums)), each waited for with block_until_ready();
+    result() returns (loss, grad_entry(gradients))."""
+    f = jax.jit(loss_fn)
+    vg = jax.jit(jax.value_and_grad(loss_fn, argnums))
+
+    def fwd():
+        f(*args).block_until_ready()
+
+    def fwd_bwd():
+        jax.block_until_ready(vg(*args))
+
+    def result():
+        loss, grads = vg(*args)
+        return float(loss), grad_entry(grads)
 
     return Program({"fwd": fwd, "fwd+bwd": fwd_bwd}, result)
 

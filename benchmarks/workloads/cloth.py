@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from . import Program, warp_program
+from . import Program, jax_program, torch_program, warp_program
 
 MODES = ("fwd", "fwd+bwd")
 UNIT = "ms"
@@ -251,3 +251,60 @@ def reference(p: dict, inp: dict) -> tuple[float, float]:
     vp[c, c, 0] += h
     vm[c, c, 0] -= h
     return loss, (_simulate(p, inp["x0"], vp) - _simulate(p, inp["x0"], vm)) / (2 * h)
+
+
+def _array_step(xp, pad, n: int, weight):
+    """One step for the array libraries (xp: torch or jax.numpy; pad(a, i0, i1, j0, j1) pads an
+    (i, j, 3) array with zeros to n x n; weight: the gravity force (0, -g m, 0) as an array on the
+    device): each spring direction as a difference of shifted slices."""
+    dx = spacing(n)
+    springs = []
+    for di, dj in OFFSETS:
+        i0, i1, j0, j1 = max(0, -di), n - max(0, di), max(0, -dj), n - max(0, dj)
+        springs.append((di, dj, i0, i1, j0, j1, dx * math.sqrt(di * di + dj * dj)))
+
+    def step(x, v):
+        f = xp.zeros_like(x) + weight
+        for di, dj, i0, i1, j0, j1, rest in springs:
+            d = x[i0 + di:i1 + di, j0 + dj:j1 + dj] - x[i0:i1, j0:j1]
+            length = xp.sqrt((d * d).sum(-1, keepdims=True))
+            f = f + pad(KS * (length - rest) / length * d, i0, n - i1, j0, n - j1)
+        v = v * DAMPING + (DT / MASS) * f
+        return x + DT * v, v
+    return step
+
+
+def _array_loss(x, target, n: int):
+    d = x - target
+    return (d * d).sum() / (n * n)
+
+
+def build_torch(tt, p: dict, inp: dict) -> Program:
+    """x and v carried from step to step (autograd keeps what the backward pass needs); under
+    torch-compile each step is one compiled call."""
+    torch, n, steps, c = tt.torch, p["n"], p["steps"], p["n"] // 2
+    F = torch.nn.functional
+    x0, v0 = tt.tensor(inp["x0"], requires_grad=True), tt.tensor(inp["v0"], requires_grad=True)
+    weight, target = tt.tensor([0.0, -GRAVITY * MASS, 0.0]), tt.tensor(TARGET)
+    step = tt.compile(_array_step(torch, lambda a, i0, i1, j0, j1: F.pad(a, (0, 0, j0, j1, i0, i1)), n, weight))
+
+    def simulate(x, v):
+        for _ in range(steps):
+            x, v = step(x, v)
+        return _array_loss(x, target, n)
+
+    return torch_program(tt, simulate, (x0, v0), (x0, v0), lambda: float(v0.grad[c, c, 0]))
+
+
+def build_jax(jax, p: dict, inp: dict) -> Program:
+    """The steps in a lax.scan under jit, differentiated with value_and_grad."""
+    jnp, n, steps, c = jax.numpy, p["n"], p["steps"], p["n"] // 2
+    weight, target = jnp.asarray([0.0, -GRAVITY * MASS, 0.0], jnp.float32), jnp.asarray(TARGET, jnp.float32)
+    step = _array_step(jnp, lambda a, i0, i1, j0, j1: jnp.pad(a, ((i0, i1), (j0, j1), (0, 0))), n, weight)
+
+    def simulate(x, v):
+        (x, v), _ = jax.lax.scan(lambda xv, _: (step(*xv), None), (x, v), None, length=steps)
+        return _array_loss(x, target, n)
+
+    return jax_program(jax, simulate, (jnp.asarray(inp["x0"]), jnp.asarray(inp["v0"])), (0, 1),
+                       lambda g: float(g[1][c, c, 0]))

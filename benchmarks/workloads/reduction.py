@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from . import Program, warp_program
+from . import Program, jax_program, torch_program, warp_program
 
 MODES = ("fwd", "fwd+bwd")
 UNIT = "ms"
@@ -95,3 +95,12 @@ def build_warp(wp, p: dict, inp: dict) -> Program:
         wp.launch(sum_sq, dim=n, inputs=[x, loss])
 
     return warp_program(wp, forward, loss, (x,), lambda: float(x.grad.numpy()[7]))
+
+
+def build_torch(tt, p: dict, inp: dict) -> Program:
+    x = tt.tensor(inp["x"], requires_grad=True)
+    return torch_program(tt, tt.compile(lambda x: (x * x).sum()), (x,), (x,), lambda: float(x.grad[7]))
+
+
+def build_jax(jax, p: dict, inp: dict) -> Program:
+    return jax_program(jax, lambda x: (x * x).sum(), (jax.numpy.asarray(inp["x"]),), 0, lambda g: float(g[7]))

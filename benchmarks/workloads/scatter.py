@@ -9,7 +9,7 @@ threads of a workgroup hit a few nodes many times)."""
 
 import numpy as np
 
-from . import Program, warp_program
+from . import Program, jax_program, torch_program, warp_program
 
 MODES = ("fwd", "fwd+bwd")
 UNIT = "ms"
@@ -202,3 +202,47 @@ def reference(p: dict, inp: dict) -> tuple[float, float]:
             gnode = 2.0 * m[node] * P_MASS + 2.0 * P_MASS * (mv[node] @ v[q])
             grad += dw[i][q, 0] * w[j][q, 1] * g * gnode
     return loss, float(grad)
+
+
+def _stencil(xp, to_int, x, v, g: int):
+    """The 9 nodes and weights of each particle's stencil, for the array libraries (xp: torch or
+    jax.numpy; to_int: to integer indices): node (P, 9) flat grid indices, weights (P, 9),
+    momentum (P, 1, 2)."""
+    X = x * float(g)
+    base = xp.floor(X - 0.5)          # no gradient through the base node, as in the kernel's cast
+    fx = X - base
+    w = [0.5 * (1.5 - fx) ** 2, 0.75 - (fx - 1.0) ** 2, 0.5 * (fx - 0.5) ** 2]
+    weights = xp.stack([w[i][:, 0] * w[j][:, 1] for i in range(3) for j in range(3)], 1)
+    bi = to_int(base)
+    node = xp.stack([(bi[:, 0] + i) * g + bi[:, 1] + j for i in range(3) for j in range(3)], 1)
+    return node, weights, (P_MASS * v)[:, None, :]
+
+
+def build_torch(tt, p: dict, inp: dict) -> Program:
+    """P2G with index_add (atomics on a GPU)."""
+    torch, g = tt.torch, p["grid"]
+    x, v = tt.tensor(inp["x"], requires_grad=True), tt.tensor(inp["v"])
+
+    def loss_fn(x, v):
+        node, weights, mv = _stencil(torch, lambda a: a.long(), x, v, g)
+        node = node.reshape(-1)
+        grid_m = torch.zeros(g * g, device=x.device).index_add(0, node, (weights * P_MASS).reshape(-1))
+        grid_mv = torch.zeros(g * g, 2, device=x.device).index_add(0, node, (weights[:, :, None] * mv).reshape(-1, 2))
+        return (grid_m * grid_m).sum() + (grid_mv * grid_mv).sum()
+
+    return torch_program(tt, tt.compile(loss_fn), (x, v), (x,), lambda: float(x.grad[1, 0]))
+
+
+def build_jax(jax, p: dict, inp: dict) -> Program:
+    """P2G with .at[].add (a scatter-add)."""
+    jnp, g = jax.numpy, p["grid"]
+
+    def loss_fn(x, v):
+        node, weights, mv = _stencil(jnp, lambda a: a.astype(jnp.int32), x, v, g)
+        node = node.reshape(-1)
+        grid_m = jnp.zeros(g * g, jnp.float32).at[node].add((weights * P_MASS).reshape(-1))
+        grid_mv = jnp.zeros((g * g, 2), jnp.float32).at[node].add((weights[:, :, None] * mv).reshape(-1, 2))
+        return (grid_m * grid_m).sum() + (grid_mv * grid_mv).sum()
+
+    return jax_program(jax, loss_fn, (jnp.asarray(inp["x"]), jnp.asarray(inp["v"])), 0,
+                       lambda grad: float(grad[1, 0]))

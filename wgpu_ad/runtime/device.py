@@ -83,6 +83,11 @@ class Runtime(Transfers, Batching, ErrorChecks):
         self._soff = 0
         self._staging = None
         self._lock = threading.RLock()  # Batching and Transfers hold it: threads share the device
+        self._in_flight = False  # submitted since the last completed wait (sync() returns at once if not)
+        # the map mode of read-backs: wgpu-py's map_sync(READ) submits an empty command buffer first,
+        # every time (lavapipe: ~0.3 ms of the README's gravity forward); READ_NOSYNC, the mode of
+        # wgpu-py's own queue.read_buffer, does not; plain READ where wgpu-py lacks that name
+        self._map_mode = "READ_NOSYNC"
         self.error_buffer = self.create_storage((ERROR_WORDS + 1) * 4, "wgpu_ad.errors")
         self._loop_watch: dict[str, None] = {}  # loop-checked kernels launched since the last read-back
         self.ret_buffer = self.create_storage(16, "wgpu_ad.ret")

@@ -103,7 +103,7 @@ class Transfers:
             self.flush()
             done = False
             try:
-                staging.map_sync(wgpu.MapMode.READ, 0, total)
+                self._map_for_read(staging, total)
                 data = staging.read_mapped(0, total)  # a copy (memoryview of a bytearray)
                 staging.unmap()
                 done = True
@@ -112,6 +112,7 @@ class Transfers:
             finally:
                 if not done:  # (an exception, Ctrl-C among them, while mapping: never leave it mapped)
                     self._discard_staging(staging)
+            self._in_flight = False  # the map waited for this submit, so for every earlier one
             self._raise_if_lost()
             watched = list(self._loop_watch)
             self._loop_watch.clear()
@@ -165,6 +166,16 @@ class Transfers:
         if offset < 0 or offset + nbytes > buffer.size:
             raise GpuError(f"{what} of {nbytes} bytes at offset {offset} is outside buffer "
                            f"'{buffer.label}' ({buffer.size} bytes)")
+
+    def _map_for_read(self, staging, nbytes: int) -> None:
+        """Map `staging` for reading once the copy just submitted into it has run (see _map_mode)."""
+        try:
+            staging.map_sync(self._map_mode, 0, nbytes)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            if self._map_mode == wgpu.MapMode.READ:
+                raise
+            self._map_mode = wgpu.MapMode.READ  # an older wgpu-py: no READ_NOSYNC
+            staging.map_sync(wgpu.MapMode.READ, 0, nbytes)
 
     def _discard_staging(self, staging) -> None:
         """A read-back buffer an interrupted read left mapped (or mapping): unmapped if it can be,
