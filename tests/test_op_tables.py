@@ -236,9 +236,9 @@ def tables_missing(op: Op) -> list[str]:
     elif op in B._PY_FUNCTIONS:
         fn = B._PY_FUNCTIONS[op][0]
         if getattr(ti, fn.name, None) is not fn:
-            out.append(f"wgpu_ad/__init__.py (ti.{fn.name})")
+            out.append(f"wgpu_ad/__init__.py (ti.{fn.name}: it exports builtins.op_functions())")
         if op in GroupOp.FloatOnly and getattr(ti.math, fn.name, None) is not fn:
-            out.append(f"lang/mathlib.py (ti.math.{fn.name})")
+            out.append(f"lang/mathlib.py (ti.math.{fn.name}: it exports builtins.op_functions())")
     if op not in NUMPY_REF and op not in (Op.CAST, Op.BITCAST):
         out.append("tests/reference.py NUMPY_REF")
     if op not in _PY and op not in _NOT_FOLDED:

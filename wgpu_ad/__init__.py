@@ -17,10 +17,9 @@ TaichiSyntaxError = UnsupportedError
 TaichiTypeError = KernelArgError
 TaichiRuntimeError = KernelRuntimeError
 TaichiAssertionError = KernelAssertionError
-from .frontend.builtins import (abs, acos, acosh, asin, asinh, atan, atan2, atanh, atomic_add, atomic_and,
-                                atomic_max, atomic_min, atomic_or, atomic_sub, atomic_xor, block_local, cast,
-                                ceil, cos, exp, expm1, floor, log, log1p, max, min, pow, random, round, rsqrt,
-                                select, sin, sqrt, stop_grad, tan, tanh)
+from .frontend.builtins import (atomic_add, atomic_and, atomic_max, atomic_min, atomic_or, atomic_sub, atomic_xor,
+                                block_local, cast, op_functions, random, rsqrt, select, stop_grad)
+globals().update(op_functions())  # ti.sin, ti.exp, ti.asinh, ... (abs, max, min, pow, round: Taichi's, in kernels)
 from .frontend.loops import grouped, ndrange
 from .frontend.methods import loop_config, static
 from .lang import mathlib as math

@@ -238,6 +238,14 @@ _PY_FUNCTIONS = {
     Op.CEIL: (ceil, [math.ceil]), Op.ASINH: (asinh, [math.asinh]), Op.ACOSH: (acosh, [math.acosh]),
     Op.ATANH: (atanh, [math.atanh]), Op.LOG1P: (log1p, [math.log1p]), Op.EXPM1: (expm1, [math.expm1]),
 }
+
+
+def op_functions() -> dict[str, "Builtin"]:
+    """ti.sin, ti.asinh, ...: the function of every op in _PY_FUNCTIONS by its name. wgpu_ad and
+    ti.math export these, so a new op is public once it is in _PY_FUNCTIONS."""
+    return {b.name: b for b, _ in _PY_FUNCTIONS.values()}
+
+
 # ALU ops with no Python function above, on purpose
 _NO_PY_FUNCTION = frozenset({
     # written with an operator (expressions.py's visit_BinOp / UnaryOp / Compare / BoolOp / IfExp)

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import math as _m
 
-from ..frontend.builtins import abs  # noqa: A004
-from ..frontend.builtins import (acos, acosh, asin, asinh, atan, atan2, atanh, ceil, clamp, cos, cross,
-                                 degrees, determinant, distance, dot, exp, exp2, expm1, eye, floor,
-                                 fract, inverse, length, log, log1p, log2, max, min, mix, normalize,
-                                 pow, radians, reflect, rotation2d, round, rsqrt, sign, sin,
-                                 smoothstep, sqrt, step, tan, tanh)
+from ..frontend.builtins import (clamp, cross, degrees, determinant, distance, dot, exp2, eye, fract, inverse,
+                                 length, log2, mix, normalize, op_functions, radians, reflect, rotation2d, rsqrt,
+                                 sign, smoothstep, step)
 from ..types import MatrixType, VectorType, f32, i32, u32
+
+globals().update(op_functions())  # ti.math.sin, ti.math.asinh, ... (one per op: frontend/builtins.py)
 
 pi = _m.pi
 e = _m.e
