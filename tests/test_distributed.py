@@ -1,9 +1,9 @@
-"""Data-parallel training across processes (examples/distributed/ddp_fit.py): two gloo ranks
-under DistributedDataParallel, each with its own wgpu_ad device, end with identical parameters,
-equal to a one-process run of the same script on the full batch (the reference for what the
-all-reduce does); the gradient and the whole descent agree with float64 NumPy (an answer
-independent of the kernel's adjoint and of torch). Each run is a subprocess with a timeout: a hang
-is a failure, not a stuck test run."""
+"""Work across processes (examples/distributed/). DDP: two gloo ranks, each with its own wgpu_ad
+device, end with identical parameters, equal to a one-process run of the same script on the full
+batch (the reference for what the all-reduce does); the gradient and the whole descent agree with
+float64 NumPy (an answer independent of the kernel's adjoint and of torch). Ray: a sweep on two
+actors gives what the same sweep gives serially, bit for bit, and float64 NumPy's answer. Each run
+is a subprocess with a timeout: a hang is a failure, not a stuck test run."""
 from __future__ import annotations
 
 import importlib.util
@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                                 reason="torch is not installed (pip install torch==2.13.0)")]
+pytestmark = pytest.mark.gpu
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="torch is not installed (pip install torch==2.13.0)")
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "distributed" / "ddp_fit.py"
 TIMEOUT = 180
@@ -54,6 +54,7 @@ def _numpy_gradient(p, t, x) -> np.ndarray:
     return np.array([np.sum(r * e * cs), np.sum(r * -t * a * e * cs), np.sum(r * -t * a * e * sn)])
 
 
+@needs_torch
 def test_two_ddp_ranks_match_each_other_and_a_one_process_run_on_the_full_batch(tmp_path):
     two, one = _run(tmp_path, 2), _run(tmp_path, 1)
     p0, p1 = (np.array(p) for p in two["params"])
@@ -73,3 +74,45 @@ def test_two_ddp_ranks_match_each_other_and_a_one_process_run_on_the_full_batch(
         p = p - mod.LR * _numpy_gradient(p, t, x)
     np.testing.assert_allclose(ref, p, rtol=0, atol=2e-6, err_msg="1 process vs float64 NumPy descent")
     assert np.abs(p - np.array(mod.START)).min() > 0.05  # the parameters moved: the comparison is not vacuous
+
+
+RAY_SWEEP = EXAMPLE.parent / "ray_sweep.py"
+
+
+def _numpy_chain(k: float, n: int, steps: int, dt: float, g: float, c: float) -> np.ndarray:
+    """The hanging chain, semi-implicit Euler in float64: forces from the positions, then moves."""
+    x, v = np.zeros(n), np.zeros(n)
+    for _ in range(steps):
+        up = np.concatenate([[0.0], x[:-1]])
+        down = np.concatenate([x[1:], [x[-1]]])   # the lowest mass has no spring below
+        v = v + dt * (-k * (x - up) - k * (x - down) - g - c * v)
+        x = x + dt * v
+    return x
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                    reason='Ray is not installed (pip install "wgpu_ad[ray]"); the Ray sweep is optional')
+def test_a_ray_sweep_on_two_actors_equals_the_serial_run_bit_for_bit(tmp_path):
+    out = tmp_path / "sweep.json"
+    try:
+        p = subprocess.run([sys.executable, str(RAY_SWEEP), "--actors", "2", "--out", str(out)],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the Ray sweep hung (no end after {TIMEOUT} s):\n{e.stdout}\n{e.stderr}")
+    assert p.returncode == 0, f"the Ray sweep failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
+    res = json.loads(out.read_text())
+    par, ser = res["parallel"], res["serial"]
+    assert len({r["pid"] for r in par}) == 2 and all(r["pid"] != ser[0]["pid"] for r in par), \
+        "the trials did not run in two actor processes"
+    assert [r["k"] for r in par] == [r["k"] for r in ser]
+    for a, b in zip(par, ser):
+        assert a["x"] == b["x"], f"k = {a['k']}: the actor's result differs from the serial run's"
+    spec = importlib.util.spec_from_file_location("ray_sweep_example", RAY_SWEEP)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    tips = []
+    for r in ser:
+        ref = _numpy_chain(r["k"], mod.N_MASSES, mod.STEPS, mod.DT, mod.GRAVITY, mod.DAMPING)
+        np.testing.assert_allclose(r["x"], ref, rtol=0, atol=5e-5, err_msg=f"k = {r['k']} vs float64 NumPy")
+        tips.append(r["x"][-1])
+    assert len(set(tips)) == len(tips)  # the stiffness matters: the sweep compares different runs
