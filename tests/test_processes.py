@@ -144,3 +144,10 @@ def test_a_missing_gradient_or_dual_is_an_attribute_error():
         x.dual
     with pytest.raises(ti.WgpuAdError, match=r"ndarray 'arr' has no gradient: create it with needs_grad=True"):
         arr.grad
+
+
+def test_a_kernel_the_worker_cannot_find_by_name_says_so():
+    from wgpu_ad.lang.kernel import _by_name
+    with pytest.raises(AttributeError, match=r"a pickled wgpu_ad kernel or ti.func names test_processes.no_such, which "
+                                             r"this process cannot find: 'test_processes' here has no 'no_such'"):
+        _by_name("test_processes", "no_such")

@@ -97,7 +97,14 @@ def _by_name(module: str, qualname: str):
     import importlib
     obj = importlib.import_module(module)
     for part in qualname.split("."):
-        obj = getattr(obj, part)
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise AttributeError(
+                f"a pickled wgpu_ad kernel or ti.func names {module}.{qualname}, which this process cannot find: "
+                f"'{module}' here has no '{part}'. Kernels travel by name: define them in a module the worker "
+                f"imports (not in the script run as __main__, which a worker such as a Ray actor does not run)"
+            ) from None
     return obj
 
 
