@@ -7,9 +7,9 @@ import sys as _sys
 from . import ad
 from .ad import Tape, clear_all_gradients, grad_for, grad_replaced, no_grad
 from .compiler import CompileOptions
-from .errors import (AutodiffUsageError, CompileError, GpuError, KernelArgError, KernelAssertionError,
-                     KernelRuntimeError, KernelZeroDivisionError, NotDifferentiableError, TorchGradWarning,
-                     UnsupportedError, WgpuAdError)
+from .errors import (AutodiffUsageError, CompileError, DataAccessRuleError, GpuError, GradientDTypeError,
+                     KernelArgError, KernelAssertionError, KernelRuntimeError, KernelZeroDivisionError,
+                     NotDifferentiableError, TorchGradWarning, UnsupportedError, WgpuAdError)
 
 # Taichi's exception names, for programs and tests written for Taichi (`pytest.raises(ti.TaichiX)`)
 TaichiCompilationError = CompileError

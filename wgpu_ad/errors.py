@@ -101,6 +101,16 @@ class ZeroDivisionCheck:
                                        line=self.loc.line if self.loc else None)
 
 
+class DataAccessRuleError(KernelAssertionError):
+    """A tape's launches break a global data access rule (a kernel overwrites what an earlier one
+    read): the gradient would be silently wrong. Taichi raises TaichiAssertionError there (under
+    validation=True), so Taichi programs and tests that catch it catch this too."""
+
+
+class GradientDTypeError(KernelRuntimeError, TypeError):
+    """A gradient or dual asked of an integer field / ndarray (Taichi's TaichiRuntimeError)."""
+
+
 class GradientNaNError(KernelRuntimeError, FloatingPointError):
     """The backward pass produced a NaN or infinite gradient (the check of ti.init(debug=True) or
     ti.ad.Tape(check_nan=True)); the message names the kernel, the element and the operation whose

@@ -13,7 +13,7 @@ Tape(validation=True) replaces this check with an exact one on the values.
 """
 from __future__ import annotations
 
-from ..errors import WgpuAdError
+from ..errors import DataAccessRuleError
 from ..lang.launch import overlap
 from .naming import describe
 
@@ -57,7 +57,7 @@ def check_overwrites(entries) -> None:
                 bucket = reads.get(id(obj))
                 for r_idx, (r_name, r_n) in (bucket.candidates(idx) if bucket else ()):
                     if overlap(idx, r_idx):
-                        raise WgpuAdError(
+                        raise DataAccessRuleError(
                             f"ti.ad.Tape: kernel '{name}' (launch {n} on the tape) writes elements of "
                             f"{describe(obj)} that kernel '{r_name}' (launch {r_n}) read before; the gradient "
                             f"of '{r_name}' replays it with the values after the tape and would be silently "
@@ -69,7 +69,7 @@ def check_overwrites(entries) -> None:
                     bucket = writes.get(id(obj))
                     for w_idx, (w_name, w_n) in (bucket.candidates(idx) if bucket else ()):
                         if overlap(idx, w_idx):
-                            raise WgpuAdError(
+                            raise DataAccessRuleError(
                                 f"ti.ad.Tape: kernel '{name}' (launch {n} on the tape) combines elements of "
                                 f"{describe(obj)} that kernel '{w_name}' (launch {w_n}) wrote with an atomic "
                                 f"min / max / bit operation; its gradient cannot tell which value won, so the "

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import WgpuAdError
+from ..errors import DataAccessRuleError
 from ..session import runtime as get_runtime
 from .. import session
 from .naming import describe, name_of
@@ -131,7 +131,7 @@ class Validator:
         writers = [w.name for w in self.launches[k.position + 1:] if any(s is r for s in w.writes)]
         by = f"kernel '{writers[0]}'" if writers else "a later Python-scope assignment"
         others = "".join(f", {describe(s)}" for s, _ in changed[1:])
-        raise WgpuAdError(
+        raise DataAccessRuleError(
             f"ti.ad.Tape(validation=True): kernel '{k.name}' read {describe(r)}{others}, which {by} "
             f"overwrote later on the tape ({n}{where} was {k.after[id(r)][i].item()!r} when '{k.name}' ran and is "
             f"{final[id(r)][i].item()!r} now). The gradient of '{k.name}' would be computed from the new values and "

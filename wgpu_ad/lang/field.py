@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 
 from ..types import DType
-from ..errors import WgpuAdError
+from ..errors import GradientDTypeError, WgpuAdError
 from ..user_code import assigned_name
 from . import snode as _snode
 from .storage import Storage, check_dtype, normalize_shape
@@ -146,9 +146,9 @@ def _make(dtype, shape, element_shape: tuple, name, needs_grad: bool, offset, wh
                           f"shift the index in the kernel instead")
     dt = check_dtype(dtype, what)
     if needs_grad and not dt.is_float:
-        raise WgpuAdError(f"{what}: needs_grad=True needs a float dtype, got {dt}")
+        raise GradientDTypeError(f"{what}: needs_grad=True needs a float dtype, got {dt}")
     if needs_dual and not dt.is_float:
-        raise WgpuAdError(f"{what}: needs_dual=True needs a float dtype, got {dt}")
+        raise GradientDTypeError(f"{what}: needs_dual=True needs a float dtype, got {dt}")
     f = Field(dt, None, element_shape, name)
     f.assigned_name = assigned_name()
     if needs_grad:

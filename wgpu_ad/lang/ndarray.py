@@ -6,7 +6,7 @@ Same storage and Python-scope access as fields; its dtype may be a scalar or an 
 from __future__ import annotations
 
 from ..types import DType, MatrixType, VectorType
-from ..errors import WgpuAdError
+from ..errors import GradientDTypeError, WgpuAdError
 from ..user_code import assigned_name
 from .storage import Storage, check_dtype, normalize_shape
 
@@ -45,9 +45,9 @@ def ndarray(dtype, shape, needs_grad: bool = False, name: str | None = None, nee
     if shape is None:
         raise WgpuAdError("ti.ndarray: shape= is required (an int or a tuple of ints)")
     if needs_grad and not dt.is_float:
-        raise WgpuAdError(f"ti.ndarray: needs_grad=True needs a float dtype, got {dt}")
+        raise GradientDTypeError(f"ti.ndarray: needs_grad=True needs a float dtype, got {dt}")
     if needs_dual and not dt.is_float:
-        raise WgpuAdError(f"ti.ndarray: needs_dual=True needs a float dtype, got {dt}")
+        raise GradientDTypeError(f"ti.ndarray: needs_dual=True needs a float dtype, got {dt}")
     arr = Ndarray(dt, normalize_shape(shape, "ti.ndarray"), element_shape, name)
     arr.assigned_name = assigned_name()
     if needs_grad:

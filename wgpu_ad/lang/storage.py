@@ -15,7 +15,7 @@ import weakref
 import numpy as np
 
 from ..types import DType, f16, to_dtype, u1
-from ..errors import NoCompanionError, WgpuAdError
+from ..errors import GradientDTypeError, NoCompanionError, WgpuAdError
 from .. import session as _rt
 
 
@@ -208,7 +208,7 @@ class Storage(ABC):
     def _companion(self, new, flag: str, what: str) -> "Storage":
         """A new gradient or dual of self (made by `new`, marked with `flag`); floats only."""
         if not self.dtype.is_float:
-            raise WgpuAdError(f"{self._label()} has dtype {self.dtype}: only float fields can have {what}")
+            raise GradientDTypeError(f"{self._label()} has dtype {self.dtype}: only float fields can have {what}")
         c = new()
         setattr(c, flag, True)
         c.primal = self
