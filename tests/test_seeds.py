@@ -28,7 +28,7 @@ EXPECTED = {
     "ewma_counter": CORRECT,
     "sim_one_kernel": CORRECT,
     # refused with the kernels, the field and the fix (ti.ad.checkpoint, the next row)
-    "sim_in_place": ("error: WgpuAdError: ti.ad.Tape: kernel 'update_x' (launch 2 on the tape) writes elements "
+    "sim_in_place": ("error: DataAccessRuleError: ti.ad.Tape: kernel 'update_x' (launch 2 on the tape) writes elements "
                      "of field 'x' that kernel 'update_v' (launch 1) read before"),
     "sim_checkpoint": CORRECT,
     "torch_function": CORRECT,
