@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,8 +35,9 @@ def _run(tmp_path: Path, world: int) -> dict:
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the {world}-rank run hung (no end after {TIMEOUT} s):\n{e.stdout}\n{e.stderr}")
     assert p.returncode == 0, f"the {world}-rank run failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("rank ")]
-    assert sorted(ln.split(" (")[0] for ln in lines) == [f"rank {r} of {world}" for r in range(world)], p.stdout
+    # (the ranks print at the same time: their lines may run together, so no line structure is assumed)
+    ranks = sorted(re.findall(r"rank (\d+) of (\d+) \(adapter", p.stdout))
+    assert ranks == [(str(r), str(world)) for r in range(world)], p.stdout
     return json.loads(out.read_text())
 
 
