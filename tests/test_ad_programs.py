@@ -321,7 +321,10 @@ def test_a_kernel_with_nothing_to_differentiate_is_not_refused():
     np.testing.assert_allclose(x.grad.to_numpy(), noise.to_numpy() * cnt, rtol=1e-6)
 
 
-def test_tape_refuses_a_kernel_overwriting_what_an_earlier_one_read():
+@pytest.mark.parametrize("validation", [False, True])
+def test_tape_refuses_a_kernel_overwriting_what_an_earlier_one_read(validation):
+    """From footprints, or (validation=True) from the values; a TaichiAssertionError either way, as
+    Taichi code that catches that expects."""
     x = ti.field(ti.f32, shape=4, needs_grad=True)
     y = ti.field(ti.f32, shape=4, needs_grad=True)
     loss = ti.field(ti.f32, shape=(), needs_grad=True)
@@ -341,12 +344,15 @@ def test_tape_refuses_a_kernel_overwriting_what_an_earlier_one_read():
         for i in y:
             loss[None] += y[i]
 
-    with pytest.raises(ti.WgpuAdError) as e:
-        with ti.ad.Tape(loss):
+    x.fill(1.0)  # (validation=True compares values: scale_x must change what use_x read)
+    with pytest.raises(ti.TaichiAssertionError) as e:
+        with ti.ad.Tape(loss, validation=validation):
             use_x()
             scale_x()
             total()
     assert str(e.value).startswith(
+        "ti.ad.Tape(validation=True): kernel 'use_x' read field 'x', which kernel 'scale_x' overwrote later"
+        if validation else
         "ti.ad.Tape: kernel 'scale_x' (launch 2 on the tape) writes elements of field 'x' that kernel "
         "'use_x' (launch 1) read before")
 
