@@ -185,6 +185,20 @@ def test_forward_mode_row(quick_run):
         assert c["ms"]["fwd"] > 0 and c["ms"]["dual"] > 0 and c["ms"]["fwdmode"] > 0
 
 
+def test_determinism_row(quick_run):
+    """ti.init(deterministic=True) is timed against the default on gravity, cloth and scatter: both
+    settings agree with the float64 references, and two deterministic runs agree bit for bit."""
+    stdout, data, _ = quick_run
+    assert "== ti.init(deterministic=True)" in stdout
+    d = data["determinism"]
+    assert "error" not in d, d
+    assert [c["workload"] for c in d["cases"]] == ["gravity", "cloth", "scatter"]
+    for c in d["cases"]:
+        assert "error" not in c, c
+        assert max(c["checks"].values()) <= 1e-3 and c["bitwise"], c
+        assert all(t["default"] > 0 and t["deterministic"] > 0 for t in c["ms"].values())
+
+
 def test_best_anchor_is_the_fastest_system_with_a_correct_result():
     """Issue #18's target compares wgpu_ad with the fastest other system whose loss and gradient
     passed the float64 check (a fast wrong answer is no anchor; wgpu_ad-cas is wgpu_ad itself)."""

@@ -118,3 +118,63 @@ def test_a_ray_sweep_on_two_actors_equals_the_serial_run_bit_for_bit(tmp_path):
         np.testing.assert_allclose(r["x"], ref, rtol=0, atol=5e-5, err_msg=f"k = {r['k']} vs float64 NumPy")
         tips.append(r["x"][-1])
     assert len(set(tips)) == len(tips)  # the stiffness matters: the sweep compares different runs
+
+
+RAY_TUNE = EXAMPLE.parent / "ray_tune_fit.py"
+
+
+def _numpy_fit_loss(k: float, m) -> float:
+    """The tune example's loss in float64: the chain after m.STEPS steps, from rest at 0."""
+    n = m.N_MASSES
+    x, v = np.zeros(n), np.zeros(n)
+    for _ in range(m.STEPS):
+        up = np.concatenate([[0.0], x[:-1]])
+        below = np.concatenate([x[1:], [x[-1]]])   # the lowest mass has no spring below
+        v = v + m.DT * (-k * (x - up) - k * (x - below) - m.GRAVITY - m.DAMPING * v)
+        x = x + m.DT * v
+    return float((x[-1] - m.TARGET) ** 2)
+
+
+def _ray_tune_installed() -> bool:
+    try:
+        return importlib.util.find_spec("ray") is not None and importlib.util.find_spec("ray.tune") is not None \
+            and importlib.util.find_spec("pyarrow") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not _ray_tune_installed(),
+                    reason='Ray Tune is not installed (pip install "wgpu_ad[ray]"); the Tune example is optional')
+def test_ray_tune_with_asha_stops_the_bad_trials_and_each_trial_equals_its_serial_run(tmp_path):
+    out = tmp_path / "tune.json"
+    try:
+        p = subprocess.run([sys.executable, str(RAY_TUNE), "--out", str(out)],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the Ray Tune search hung (no end after {TIMEOUT} s):\n{e.stdout}\n{e.stderr}")
+    assert p.returncode == 0, f"the Ray Tune search failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    res = json.loads(out.read_text())
+    spec = importlib.util.spec_from_file_location("ray_tune_example", RAY_TUNE)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    trials, serial = res["trials"], res["serial"]
+    assert sorted(float(k) for k in trials) == sorted(m.LEARNING_RATES)
+    assert len({r["pid"] for t in trials.values() for r in t}) >= 2, "the trials did not run in worker processes"
+    for lr, reports in trials.items():
+        # ti.init(deterministic=True): a trial in its worker is the same trial run here, bit for bit
+        assert [r["loss"] for r in reports] == [r["loss"] for r in serial[lr]], f"lr = {lr}"
+        assert [r["k"] for r in reports] == [r["k"] for r in serial[lr]], f"lr = {lr}"
+    # ASHA: the two slow learning rates barely move the loss by its first rung, where the fast ones
+    # are already lower: they are stopped there; the best trial runs to the end and fits
+    for lr in (m.LEARNING_RATES[2], m.LEARNING_RATES[3]):
+        assert len(trials[str(float(lr))]) == m.GRACE, f"lr = {lr} was not stopped at ASHA's first rung"
+    best = trials[str(float(m.LEARNING_RATES[0]))]
+    assert len(best) == m.ITERATIONS and best[-1]["loss"] < 1e-2 * best[0]["loss"]
+    # the gradient each step took is dloss/dk: against float64 central differences of a NumPy port
+    k = m.K_START
+    for r in best[:3]:
+        h = 1e-4 * k
+        fd = (_numpy_fit_loss(k + h, m) - _numpy_fit_loss(k - h, m)) / (2 * h)
+        assert r["grad"] == pytest.approx(fd, rel=2e-3), f"k = {k}"
+        assert r["loss"] == pytest.approx(_numpy_fit_loss(k, m), rel=1e-4)
+        k -= m.LEARNING_RATES[0] * r["grad"]

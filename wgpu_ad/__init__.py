@@ -51,13 +51,17 @@ def init(arch=None, debug: bool = False, device=None, **kwargs):
             read-back), and verify the IR between compiler passes.
         **kwargs: `random_seed=0`, `force_emulated_atomics=False`, `offline_cache=True`,
             `offline_cache_file_path=None`, `ad_stack_size=256` (0: let wgpu_ad choose),
-            `print_ir=False`, `print_wgsl=False`.
+            `print_ir=False`, `print_wgsl=False`, `deterministic=False` (True: float sums made with
+            atomics, gradients among them, are bitwise the same run to run on one adapter, at a
+            cost: docs/performance.md).
     """
     from . import session
     compile_opts = {"print_ir": bool(kwargs.pop("print_ir", False)),
                     "print_wgsl": bool(kwargs.pop("print_wgsl", False)),
                     "offline_cache": bool(kwargs.pop("offline_cache", True)),
                     "offline_cache_file_path": kwargs.pop("offline_cache_file_path", None)}
+    if kwargs.pop("deterministic", False):
+        compile_opts["deterministic"] = True
     ad_stack_size = kwargs.pop("ad_stack_size", None)
     if ad_stack_size is not None:  # 0: "size it for me" (Taichi's adaptive stack): the default
         if not (isinstance(ad_stack_size, int) and ad_stack_size >= 0):

@@ -60,6 +60,9 @@ class Options:
     # the most workgroups of a range task that pre-reduces into one address (passes/prereduce.py):
     # each thread sums many iterations in a register, each workgroup adds a tree sum and an atomic
     reduce_grid_cap: int | None = None
+    # range tasks that add floats with atomics run in one invocation, in iteration order: their
+    # sums do not depend on thread timing (ti.init(deterministic=True))
+    deterministic: bool = False
 
 
 @dataclass

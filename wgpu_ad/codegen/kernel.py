@@ -59,7 +59,7 @@ def _print_codes(kernel: Kernel) -> tuple[dict[int, int], tuple]:
 
 def generate(kernel: Kernel, *, float_atomics: bool, debug: bool, workgroup_size: int = 128,
              subgroups: bool = False, grid_cap: int | None = None, loop_check: bool = False,
-             reduce_grid_cap: int | None = None) -> CompiledKernel:
+             reduce_grid_cap: int | None = None, deterministic: bool = False) -> CompiledKernel:
     """Compile every task of an IR kernel to a WGSL module; returns the runtime's plain data.
 
     float_atomics: use WGSL atomic<f32> add/sub (the device must have 'shader-float32-atomic');
@@ -73,8 +73,11 @@ def generate(kernel: Kernel, *, float_atomics: bool, debug: bool, workgroup_size
     loop_check: every loop checks that it ran to its end (Mesa llvmpipe stops loops early).
     reduce_grid_cap: the most workgroups of a range task that pre-reduces into one address
     (passes/prereduce.py), below grid_cap: each thread then sums many iterations in a register.
+    deterministic: a range task with float atomic adds runs in one invocation (results that do
+    not depend on thread timing).
     """
-    opts = Options(float_atomics, debug, workgroup_size, subgroups, grid_cap, loop_check, reduce_grid_cap)
+    opts = Options(float_atomics, debug, workgroup_size, subgroups, grid_cap, loop_check, reduce_grid_cap,
+                   deterministic)
     stack_words(kernel)  # stacks sized at launch read their capacity from the uniform block
     codes, table, kinds = _assert_codes(kernel, debug)
     print_codes, prints = _print_codes(kernel)

@@ -18,10 +18,10 @@ from ..ir.nodes import Kernel, Stmt, Task, walk_task
 from ..ir.ops import AtomicKind, Op
 from ..plan import BindingSpec
 from .. import shaders
-from ..types import f16, u1
+from ..types import f16, f32, u1
 from .aggregate import subgroup_atomics
-from .common import (ARGS_STRUCT, ARGS_VAR, ATOMIC_FN, CAS_COMBINE, DEFAULT_GRID_CAP, ERR_VAR, INDENT, PRINT_VAR,
-                     RET_VAR, STACK_VAR, BufferUse, Options, _arg_words, _fixed_names, kept_assert)
+from .common import (ARGS_STRUCT, ARGS_VAR, ATOMIC_FN, CAS_COMBINE, DEFAULT_GRID_CAP, ERR_VAR, INDENT,
+                     NATIVE_F32_ATOMICS, PRINT_VAR, RET_VAR, STACK_VAR, BufferUse, Options, _arg_words, _fixed_names, kept_assert)
 from .entry import TaskEntry
 from .memory import MemoryAccess
 from .names import Namer, identifiers
@@ -63,6 +63,14 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
         if self.wg_sums and opts.reduce_grid_cap is not None and not self.serial:
             self.task_cap = min(opts.grid_cap or DEFAULT_GRID_CAP, opts.reduce_grid_cap)
             self.grid_cap = self.task_cap
+        # deterministic: float sums whose order would follow thread timing are made by one
+        # invocation, iterations in order (the grid-stride loop of a single thread)
+        self.in_order = opts.deterministic and not self.serial and any(
+            k in NATIVE_F32_ATOMICS for b in kernel.buffers if id(b) in self.uses and b.dtype == f32
+            for k in self.uses[id(b)].atomics)
+        if self.in_order:
+            self.wg = 1
+            self.grid_cap = self.task_cap = 1
         self.mod_names = Namer(_fixed_names())
         self.buf_name = {id(b): self.mod_names.fresh(b.name, "buf")
                          for b in kernel.buffers if id(b) in self.uses}
@@ -85,7 +93,7 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
         # picks; sg_atomics: the ids of those statements
         self.sg_helpers: dict[tuple[int, AtomicKind], str] = {}
         self.sg_atomics: set[int] = set()
-        if opts.subgroups and not self.serial:
+        if opts.subgroups and not self.serial and not self.in_order:
             for s in subgroup_atomics(kernel, task, self.buf_mode, self.used_ids):
                 self.sg_atomics.add(id(s))
                 key = (id(s.attr[1]), s.attr[0])

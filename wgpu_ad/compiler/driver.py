@@ -78,7 +78,8 @@ def _codegen(ir: Kernel, opts: CompileOptions, **plan_facts) -> CompiledKernel:
     what autodiff reads), WGSL, the launch plan."""
     low = lower_for_codegen(ir, print_ir=opts.print_ir, verify=opts.debug or debug_enabled())
     ck = generate(low, float_atomics=opts.float_atomics, debug=opts.debug, subgroups=opts.subgroups,
-                  grid_cap=opts.grid_cap, loop_check=opts.loop_check, reduce_grid_cap=opts.reduce_grid_cap)
+                  grid_cap=opts.grid_cap, loop_check=opts.loop_check, reduce_grid_cap=opts.reduce_grid_cap,
+                  deterministic=opts.deterministic)
     if plan_facts:
         ck = dataclasses.replace(ck, plan=dataclasses.replace(ck.plan, **plan_facts))
     if opts.show_wgsl:

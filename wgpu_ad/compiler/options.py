@@ -51,6 +51,10 @@ class CompileOptions:
     # element and the operation whose derivative made it (nan_check.py); on with debug
     check_nan: bool = False
     fuse_adjoint: bool = True           # a tape's last launch may run fused with its adjoint
+    # results that do not depend on thread timing: tasks that add floats with atomics (gradient
+    # accumulation, `x[None] += ...`) run their iterations in order in one invocation, so sums are
+    # bitwise the same run to run on one adapter (ti.init(deterministic=True); docs/performance.md)
+    deterministic: bool = False
     # the adjoints of stencils gather instead of scattering with atomics (passes/autodiff/stencil.py):
     # None = on GPUs only; on lavapipe the replays cost more than the atomics they remove
     stencil_gather: bool | None = None
@@ -70,7 +74,8 @@ class CompileOptions:
     def key(self) -> tuple:
         """What decides the compiler's output (printing and the cache folder do not)."""
         return (self.debug, self.float_atomics, self.subgroups, self.min_parallel, self.grid_cap,
-                self.reduce_grid_cap, self.ad_stack_size, self.loop_check, self.check_nan, self.stencil_gather)
+                self.reduce_grid_cap, self.ad_stack_size, self.loop_check, self.check_nan, self.stencil_gather,
+                self.deterministic)
 
 
 def _env(name: str) -> bool:

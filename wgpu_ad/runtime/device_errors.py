@@ -67,7 +67,8 @@ class ErrorChecks:
             f"the loops of a shader invocation after 65,535 iterations in total, so the results since the "
             f"last read-back are incomplete (this error is raised instead of returning them). Give each "
             f"thread fewer loop iterations: a longer parallel loop (more threads), fewer serial iterations per "
-            f"thread, or the loop split across several launches")
+            f"thread, or the loop split across several launches; under ti.init(deterministic=True) a loop "
+            f"that adds floats with atomics runs in one invocation, so it must stay under that count there")
 
     def _batch_error(self, e: Exception) -> GpuError:
         names = list(dict.fromkeys(n for n in self._batch_kernels if not n.startswith("<")))
