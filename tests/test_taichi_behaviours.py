@@ -360,3 +360,37 @@ def test_f64_and_f32_fields_mixed_in_one_gradient(loss_dtype, x_dtype):
     with ti.ad.Tape(loss):
         func()
     assert loss[None] == 0.5 and x.grad[None] == 1.0
+
+
+@pytest.mark.parametrize("reciprocal", [False, True], ids=["t or 2t", "1/x where x > 0"])
+def test_f64_branches_in_a_parallel_loop(reciprocal):
+    """test_ad_if's f64 cases: y = x if x > 0 else 2 x (d/dx: 2 at x = 0, 1 at x = 1); and
+    t = 1 / x where x > 0 else 0 (d/dx: 0 at x = 0, -1/x^2 = -0.25 at x = 2), in ti.f64 fields."""
+    _init_f64_as_f32()
+    x = ti.field(ti.f64, shape=2)
+    y = ti.field(ti.f64, shape=2)
+    ti.root.lazy_grad()
+
+    @ti.kernel
+    def branches():
+        for i in range(2):
+            t = x[i]
+            if t > 0:
+                y[i] = t
+            else:
+                y[i] = 2 * t
+
+    @ti.kernel
+    def reciprocals():
+        for i in range(2):
+            t = 0.0
+            if x[i] > 0:
+                t = 1 / x[i]
+            y[i] = t
+
+    func = reciprocals if reciprocal else branches
+    x.from_numpy(np.array([0.0, 2.0 if reciprocal else 1.0]))
+    y.grad.fill(1.0)
+    func()
+    func.grad()
+    np.testing.assert_array_equal(x.grad.to_numpy(), [0.0, -0.25] if reciprocal else [2.0, 1.0])
