@@ -16,7 +16,7 @@ import pytest
 import wgpu_ad as ti
 from wgpu_ad.ad import GradientNaNError
 
-gpu = pytest.mark.gpu  # the tests but the last two need an adapter (lavapipe counts)
+gpu = pytest.mark.gpu  # the tests that need an adapter (lavapipe counts); the others run anywhere
 
 
 def line_of(kernel, text: str) -> int:
@@ -656,3 +656,20 @@ def test_the_operand_checks_are_only_in_the_checked_adjoint():
     checked = logs.get_wgsl(grad=True)
     assert "nan_dom" not in plain and "nan_" not in plain
     assert "nan_dom" in checked
+
+
+def test_every_op_with_an_operand_check_has_a_message_for_its_singular_point():
+    """nancheck.DOMAIN and nan_check._singular agree: each op the operand check covers has a
+    'why' and a 'fix' at a point where its derivative is not finite (no adapter needed)."""
+    from wgpu_ad.ir.ops import Op
+    from wgpu_ad.nan_check import Origin, _singular
+    from wgpu_ad.passes.autodiff.nancheck import DOMAIN
+    points = {Op.SQRT: [(0, 0.0, 0.0)], Op.RSQRT: [(0, -1.0, 0.0)], Op.LOG: [(0, 0.0, 0.0)],
+              Op.LOG1P: [(0, -1.0, 0.0)], Op.ASIN: [(0, 1.0, 0.0)], Op.ACOS: [(0, -1.0, 0.0)],
+              Op.ACOSH: [(0, 0.5, 0.0)], Op.ATANH: [(0, 1.0, 0.0)], Op.DIV: [(0, 1.0, 0.0), (1, 1.0, 0.0)],
+              Op.MOD: [(1, 1.0, 0.0)], Op.ATAN2: [(0, 0.0, 0.0)], Op.POW: [(0, 0.0, 0.5), (1, -1.0, 2.0)]}
+    assert set(points) == set(DOMAIN)
+    for op, cases in points.items():
+        for k, x, y in cases:
+            got = _singular(Origin(None, op.name.lower(), k, 2), x, y)
+            assert got is not None and all(got), (op, k, x, y)
