@@ -402,6 +402,20 @@ def test_a_torch_tensor_as_the_tapes_loss(n):
     np.testing.assert_allclose(x.grad.numpy(), np.full(n, 3.0 / n), rtol=1e-6)
 
 
+def test_a_torch_loss_that_is_not_a_leaf():
+    """As in Taichi, the loss may be any one-element tensor that requires a gradient: its .grad is
+    made for the seed (no torch warning about a non-leaf's .grad); d/dx sum_i (2 + 3 x_i / n) = 3 / n."""
+    acc = _kernel_sum_of_a_plus()
+    x = torch.tensor([0.5, 1.5], requires_grad=True)
+    loss = torch.zeros(1, requires_grad=True) * 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with ti.ad.Tape(loss=loss):
+            acc(x, loss)
+    assert loss.item() == pytest.approx(4.0 + 3.0 * 2.0 / 2, rel=1e-6)
+    np.testing.assert_allclose(x.grad.numpy(), [1.5, 1.5], rtol=1e-6)
+
+
 def test_a_torch_loss_that_cannot_be_seeded_is_refused_by_name():
     acc = _kernel_sum_of_a_plus()
     x = torch.ones(4, requires_grad=True)

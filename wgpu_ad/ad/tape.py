@@ -278,10 +278,6 @@ class Tape:
         if not L.requires_grad:
             raise AutodiffUsageError(f"ti.ad.Tape(loss=...): {what} has requires_grad=False, so it has no gradient "
                                      f"to seed: create it with requires_grad=True")
-        if not (L.is_leaf or L.retains_grad):
-            raise AutodiffUsageError(f"ti.ad.Tape(loss=...): {what} is not a leaf of torch's graph, so torch keeps "
-                                     f"no .grad for it: pass a tensor created with requires_grad=True (e.g. "
-                                     f"torch.zeros(1, requires_grad=True)) that the kernels write")
 
     # ---- recording (called by the launcher: session.ad().tape.record) ----------------------------
 
@@ -409,10 +405,8 @@ class Tape:
             held = None  # dropped by ti.reset()
         # else the backward pass launches it, fused with its adjoint if it can
         if _is_torch(self.loss):
-            if self.loss.grad is None:
-                self.loss.grad = sys.modules["torch"].ones_like(self.loss)
-            else:
-                _set_torch(self.loss.grad, 1.0)
+            from ..lang.external import seed_grad
+            seed_grad(self.loss, 1.0)
         elif self.loss is not None:
             self.loss.grad.fill(1)
         prev = session.ad().in_backward, session.ad().check_nan

@@ -186,9 +186,19 @@ def _grad(t):
 
 def _zero_grad(t) -> None:
     """t.grad = zeros shaped like t (a torch tensor with requires_grad and no .grad yet)."""
+    seed_grad(t, 0.0)
+
+
+def seed_grad(t, value: float) -> None:
+    """Set every element of a torch tensor's .grad to value, making the .grad when it has none (a
+    torch loss of ti.ad.Tape: its seed)."""
     torch = sys.modules["torch"]
     with torch.no_grad():
-        t.grad = torch.zeros_like(t)
+        g = _grad(t)
+        if g is None:
+            t.grad = torch.full_like(t, value)
+        else:
+            g.fill_(value)
 
 
 def _write_grad(host, values: np.ndarray) -> None:
