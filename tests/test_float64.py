@@ -53,8 +53,9 @@ def test_the_opt_in_warns_once_per_session_and_makes_f64_f32():
     assert len(got) == 1
     assert str(got[0].message) == (
         "ti.init(f64=\"f32\"): WebGPU shaders have no 64-bit floats, so in this session ti.f64 is ti.f32: f64 "
-        "fields, ndarrays, casts, annotations and default_fp=ti.f64 compute and store float32 (about 7 significant "
-        "digits instead of 16; gradients too), and their to_numpy() returns float32 arrays")
+        "fields, ndarrays, casts, annotations, default_fp=ti.f64 and float64 NumPy arrays or torch tensors passed to "
+        "kernels compute and store float32 (about 7 significant digits instead of 16; gradients too), and "
+        "to_numpy() of an f64 field returns a float32 array")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning in the same session
         assert ti.f64 is ti.f32 and ti.float64 is ti.f32 and ti.types.f64 is ti.f32
@@ -107,3 +108,28 @@ def test_an_f64_program_runs_in_f32_with_the_analytic_gradient():
         curve()
     d = 0.4 / (xr * xr + 0.16) * xr ** 0.4 + np.arctan2(xr, 0.4) * 0.4 * xr ** -0.6
     assert_grad(y.dual.to_numpy(), d, what="forward-mode derivative")
+
+
+def test_float64_arrays_are_refused_by_default_and_computed_in_f32_under_the_opt_in():
+    """A float64 NumPy array for an ndarray argument: refused (naming the conversion) by default;
+    under ti.init(f64="f32") copied in as float32 and written back as float64: y = x^2 + 1."""
+    def run():
+        @ti.kernel
+        def square_plus_one(x: ti.types.ndarray(), y: ti.types.ndarray()):
+            for i in x:
+                y[i] = x[i] * x[i] + 1.0
+
+        x = np.array([0.5, -1.25, 3.0])
+        y = np.zeros(3)
+        square_plus_one(x, y)
+        return x, y
+
+    ti.init()
+    with pytest.raises(ti.KernelArgError, match=r"argument 'x' is a float64 array; wgpu_ad kernels take float32, "
+                                                r"int32 or uint32 arrays; convert it first"):
+        run()
+    with pytest.warns(ti.Float64Warning):
+        ti.init(f64="f32")
+    x, y = run()
+    assert y.dtype == np.float64
+    np.testing.assert_allclose(y, x.astype(np.float32).astype(np.float64) ** 2 + 1.0, rtol=1e-6)

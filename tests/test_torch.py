@@ -461,3 +461,24 @@ def test_a_kernel_in_a_hand_written_autograd_function_with_a_non_leaf_input():
     a = torch.ones(4, requires_grad=True)
     TwiceSum.apply(a * 2).sum().backward()
     np.testing.assert_allclose(a.grad.numpy(), np.full(4, 4.0), rtol=1e-6)
+
+
+def test_float64_tensors_under_the_f64_opt_in():
+    """ti.init(f64="f32"): float64 tensors, the tape's loss included, are computed in float32 and
+    their values and gradients written back as float64: loss = sum x^3 -> 3 x^2."""
+    with pytest.warns(ti.Float64Warning):
+        ti.init(f64="f32")
+
+    @ti.kernel
+    def cubes(x: ti.types.ndarray(), loss: ti.types.ndarray()):
+        for i in x:
+            loss[0] += x[i] ** 3
+
+    x0 = np.array([0.5, -1.0, 2.0])
+    x = torch.tensor(x0, dtype=torch.float64, requires_grad=True)
+    loss = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    with ti.ad.Tape(loss=loss):
+        cubes(x, loss)
+    assert loss.dtype == torch.float64 and x.grad.dtype == torch.float64
+    assert loss.item() == pytest.approx((x0 ** 3).sum(), rel=1e-6)
+    np.testing.assert_allclose(x.grad.numpy(), 3 * x0 ** 2, rtol=1e-6)

@@ -47,8 +47,9 @@ F64_REFUSED = ("WebGPU shaders have no 64-bit floats. Use ti.f32, or run the pro
                "with ti.init(..., f64=\"f32\") (then read ti.f64 after that call: a `real = ti.f64` kept from "
                "before it stays refused)")
 F64_AS_F32 = ("ti.init(f64=\"f32\"): WebGPU shaders have no 64-bit floats, so in this session ti.f64 is ti.f32: "
-              "f64 fields, ndarrays, casts, annotations and default_fp=ti.f64 compute and store float32 (about 7 "
-              "significant digits instead of 16; gradients too), and their to_numpy() returns float32 arrays")
+              "f64 fields, ndarrays, casts, annotations, default_fp=ti.f64 and float64 NumPy arrays or torch tensors "
+              "passed to kernels compute and store float32 (about 7 significant digits instead of 16; gradients "
+              "too), and to_numpy() of an f64 field returns a float32 array")
 
 
 @dataclass(frozen=True)

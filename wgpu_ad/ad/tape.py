@@ -272,9 +272,11 @@ class Tape:
             raise AutodiffUsageError(f"ti.ad.Tape(loss=...): {what} must hold one number (shape () or (1,)). For "
                                      f"several outputs, seed their .grad yourself and use ti.ad.Tape() without a "
                                      f"loss, then tape.grad()")
-        if str(L.dtype) != "torch.float32":
+        f64_ok = str(L.dtype) == "torch.float64" and session.f64_dtype().name == "f32"  # ti.init(f64="f32")
+        if str(L.dtype) != "torch.float32" and not f64_ok:
             raise AutodiffUsageError(f"ti.ad.Tape(loss=...): {what} must be float32, the dtype wgpu_ad kernels "
-                                     f"compute in; create it with dtype=torch.float32")
+                                     f"compute in; create it with dtype=torch.float32 (or run float64 in float32 "
+                                     f"with ti.init(f64=\"f32\"))")
         if not L.requires_grad:
             raise AutodiffUsageError(f"ti.ad.Tape(loss=...): {what} has requires_grad=False, so it has no gradient "
                                      f"to seed: create it with requires_grad=True")

@@ -14,7 +14,8 @@ requires_grad=True and no `.grad` a zero `.grad`, as Taichi does, so that the ou
 (`y.grad.fill_(1)`); `kernel.grad(...)` reads `t.grad` of the outputs as the seed and accumulates
 into `t.grad` of the inputs (the arguments the kernel reads), as Taichi's torch interop does; the
 outputs' `.grad` tensors are not written.
-Only tensors with requires_grad=True have gradients. NumPy arrays carry none: pass a
+Only tensors with requires_grad=True have gradients. Under ti.init(f64="f32"), float64 arrays and
+tensors are taken too: computed in float32 and written back (values, gradients) as float64. NumPy arrays carry none: pass a
 ti.ndarray(needs_grad=True) or a torch tensor where a gradient is wanted.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 
 from .. import plan
 from ..errors import KernelArgError, TorchGradWarning
-from ..session import generation as _generation
+from ..session import f64_dtype, generation as _generation
 from ..types import MatrixType, VectorType, f32, i32, u32
 from ..user_code import warn
 
@@ -65,6 +66,8 @@ def describe(kernel: str, name: str, v, ann) -> tuple:
     KernelArgError naming what is wrong with it."""
     arr = host_view(v)
     dt = _DTYPES.get(arr.dtype)
+    if dt is None and arr.dtype == np.float64 and f64_dtype() is f32:  # ti.init(f64="f32"): computed in f32
+        dt = f32
     kind = "tensor" if _is_torch(v) else "array"
     a_kind = "a tensor" if kind == "tensor" else "an array"
     if dt is None:
