@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import pytest
 import wgpu_ad as ti
 from wgpu_ad.ad import GradientNaNError
 
-gpu = pytest.mark.gpu  # the tests but the last two need an adapter (lavapipe counts)
+gpu = pytest.mark.gpu  # the tests that need an adapter (lavapipe counts); the others run anywhere
 
 
 def line_of(kernel, text: str) -> int:
@@ -561,3 +562,114 @@ def test_a_select_over_a_division_by_zero_has_the_right_gradient():
         on = mv > 0
         np.testing.assert_allclose(v.grad.to_numpy(), np.where(on, 1 / np.where(on, mv, 1), 0.0), rtol=1e-6)
         np.testing.assert_allclose(m.grad.to_numpy(), np.where(on, -vv / np.where(on, mv, 1) ** 2, 0.0), rtol=1e-6)
+
+
+# ---- found from the operands, where the shader compiler folds the NaN away (issue 26 item 5) -----
+def _one_term(term):
+    """loss = term(x[0], z[0]), both with gradients, in a kernel of its own."""
+    x = ti.field(ti.f32, shape=1, needs_grad=True)
+    z = ti.field(ti.f32, shape=1, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def one_term():
+        for i in x:
+            loss[None] += term(x[i], z[i])
+
+    def run(xv, zv):
+        x[0], z[0] = xv, zv
+        with ti.ad.Tape(loss, check_nan=True):
+            one_term()
+        return x.grad[0], z.grad[0]
+    return one_term, run
+
+
+FOLDED = [  # (term, op, what the message says, the operand's name, the derivative in z at z = 2)
+    (lambda x, z: 0.0 / z, "div", "/", "d/dx (x / y) = 1 / y and d/dy (x / y) = -x / y^2 are infinite at y = 0 "
+     "(a division by zero) (here the operands are 0 and 0; incoming adjoint 1", "the divisor", 0.0),
+    (lambda x, z: ti.log(z) * 0.0, "log", "log", "d/dx log(x) = 1 / x is infinite at x = 0 (and log(0) = -inf) "
+     "(here the argument is 0; incoming adjoint 0", "its argument", 0.0),
+    (lambda x, z: z ** 0.5, "pow", "** (pow)", "d/dx x**y = y x**(y - 1) is infinite at x = 0 for y = 0.5 < 1 "
+     "(here the operands are 0 and 0.5; incoming adjoint 1", "the base", 0.5 * 2 ** -0.5),
+    (lambda x, z: x * (0.0 / ti.sqrt(z)), "div", "/", "d/dx (x / y) = 1 / y and d/dy (x / y) = -x / y^2 are "
+     "infinite at y = 0 (a division by zero) (here the operands are 0 and 0; incoming adjoint 2", "the divisor", 0.0),
+]
+
+
+@gpu
+@pytest.mark.parametrize("term,op,shown,why,role,dz", FOLDED, ids=["0.0/z", "log(z)*0.0", "z**0.5", "x*(0.0/sqrt(z))"])
+def test_a_derivative_folded_to_a_finite_number_is_found_from_its_operands(term, op, shown, why, role, dz):
+    """On lavapipe the shader compiler folds `0.0 / z`, `v * 0.0` and pow(0, -0.5) to 0 where IEEE
+    gives NaN or inf, so the gradient it writes looks finite; the check tests the operands (a zero
+    divisor, log's or pow's base at 0) and still names the op and the line. At z = 2 the same
+    kernels raise nothing and give the analytic derivative."""
+    ti.init()
+    _kernel, run = _one_term(term)
+    e = raises_nan(lambda: run(2.0, 0.0))
+    line = term.__code__.co_firstlineno  # the op's line: the term's, inlined into the kernel
+    msg = str(e)
+    assert (e.kernel, e.field, e.index, e.op, e.line) == ("one_term", "z", (0,), op, line)
+    if math.isfinite(e.value):  # folded (lavapipe): the head says what the GPU computed
+        assert msg.startswith(
+            f"a derivative in the backward pass of kernel 'one_term' is not finite (checked because of "
+            f"ti.init(debug=True) or ti.ad.Tape(check_nan=True); the backward pass stopped before adding "
+            f"{e.value:.6g} to the gradient of z[0]; the gradients are incomplete).\n"), msg
+        assert re.search(f"so the gradient passed to {role} is not finite in IEEE arithmetic, though the GPU "
+                         r"computed -?[0-9.e+-]+: a shader compiler may fold a NaN or inf away, and WGSL leaves "
+                         r"some of these results undefined; the check found it from the operands\)\.\nFix: ", msg), msg
+    else:  # a driver that keeps IEEE's NaN / inf
+        assert msg.startswith(f"the gradient of z[0] is "), msg
+    assert f"It starts at the derivative of {shown} at line {line} of <lambda>: {why}" in msg, msg
+    gx, gz = run(2.0, 2.0)  # nothing out of the domain: no error, the analytic derivative
+    assert gz == pytest.approx(dz, rel=1e-6)
+
+
+@gpu
+def test_an_op_outside_its_domain_with_a_zero_adjoint_raises_nothing():
+    """ti.select(z > 0, ti.log(z), 0.0) at z = -1 and ti.select(z > 0, x / z, 0.0) at z = 0: the
+    op is evaluated outside its domain, but the branch is not taken, its adjoint is 0 and the
+    gradient is exactly 0 (rules.py): the operand check leaves them alone. (log at exactly 0 is
+    another matter: its rule makes 0 / 0 = NaN there, which the check reports.)"""
+    ti.init()
+    _k, run = _one_term(lambda x, z: ti.select(z > 0, ti.log(z), 0.0) + ti.select(z > 0, x / z, 0.0))
+    assert run(3.0, -1.0) == (0.0, 0.0)
+    _k, run_div = _one_term(lambda x, z: ti.select(z > 0, x / z, 0.0))
+    assert run_div(3.0, 0.0) == (0.0, 0.0)
+    gx, gz = run(3.0, 2.0)
+    assert (gx, gz) == (pytest.approx(0.5, rel=1e-6), pytest.approx(0.5 - 3.0 / 4.0, rel=1e-6))
+
+
+@gpu
+def test_the_operand_checks_are_only_in_the_checked_adjoint():
+    ti.init()
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def logs():
+        for i in x:
+            loss[None] += ti.log(x[i])
+
+    x.fill(1.0)
+    plain = logs.get_wgsl(grad=True)
+    ti.set_compile_options(check_nan=True)
+    checked = logs.get_wgsl(grad=True)
+    assert "nan_dom" not in plain and "nan_" not in plain
+    assert "nan_dom" in checked
+
+
+def test_every_op_with_an_operand_check_has_a_message_for_its_singular_point():
+    """nancheck.DOMAIN and nan_check._singular agree: each op the operand check covers has a
+    'why' and a 'fix' at a point where its derivative is not finite (no adapter needed)."""
+    from wgpu_ad.ir.ops import Op
+    from wgpu_ad.nan_check import Origin, _singular
+    from wgpu_ad.passes.autodiff.nancheck import DOMAIN
+    points = {Op.SQRT: [(0, 0.0, 0.0)], Op.RSQRT: [(0, -1.0, 0.0)], Op.LOG: [(0, 0.0, 0.0)],
+              Op.LOG1P: [(0, -1.0, 0.0)], Op.ASIN: [(0, 1.0, 0.0)], Op.ACOS: [(0, -1.0, 0.0)],
+              Op.ACOSH: [(0, 0.5, 0.0)], Op.ATANH: [(0, 1.0, 0.0)], Op.DIV: [(0, 1.0, 0.0), (1, 1.0, 0.0)],
+              Op.MOD: [(1, 1.0, 0.0)], Op.ATAN2: [(0, 0.0, 0.0)], Op.POW: [(0, 0.0, 0.5), (1, -1.0, 2.0)]}
+    assert set(points) == set(DOMAIN)
+    for op, cases in points.items():
+        for k, x, y in cases:
+            got = _singular(Origin(None, op.name.lower(), k, 2), x, y)
+            assert got is not None and all(got), (op, k, x, y)

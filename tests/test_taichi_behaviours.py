@@ -287,3 +287,110 @@ def test_a_python_write_after_a_kernel_read_it_inside_a_tape_is_refused():
         a.from_numpy(f32([1.0, 2.0, 3.0, 4.0]))
         sq()
     assert_grad(a.grad.to_numpy(), 2 * np.array([1.0, 2.0, 3.0, 4.0]))
+
+
+# ---- test_ad_basics' float64 cases, under ti.init(f64="f32") (issue 26 item 12) ------------------
+def _init_f64_as_f32():
+    with pytest.warns(ti.Float64Warning):
+        ti.init(default_fp=ti.f64, f64="f32")
+
+
+@pytest.mark.parametrize("fn,npfn,dnp", [
+    (lambda v: ti.atan2(0.4, v), lambda v: np.arctan2(0.4, v), lambda v: -0.4 / (v * v + 0.16)),
+    (lambda v: ti.atan2(v, 0.4), lambda v: np.arctan2(v, 0.4), lambda v: 0.4 / (v * v + 0.16)),
+    (lambda v: 0.4 ** v, lambda v: 0.4 ** v, lambda v: np.log(0.4) * 0.4 ** v),
+    (lambda v: v ** 0.4, lambda v: v ** 0.4, lambda v: 0.4 * v ** -0.6),
+], ids=["atan2(0.4,x)", "atan2(x,0.4)", "0.4**x", "x**0.4"])
+def test_f64_fields_of_the_default_fp_get_both_modes_derivatives(fn, npfn, dnp):
+    """test_atan2_f64 / test_pow_f64: x, y placed with x.grad, y.grad (and duals) in default_fp=ti.f64,
+    at x = 0.234: value and both modes' derivatives against the float64 analytic ones."""
+    _init_f64_as_f32()
+    x, y = ti.field(ti.f64), ti.field(ti.f64)
+    ti.root.dense(ti.i, 1).place(x, x.grad, y, y.grad)
+    ti.root.lazy_dual()
+
+    @ti.kernel
+    def func():
+        for i in x:
+            y[i] = fn(x[i])
+
+    v = float(np.float32(0.234))
+    x[0] = v
+    y.grad[0] = 1.0
+    func()
+    func.grad()
+    assert y[0] == pytest.approx(npfn(v), rel=1e-5)
+    assert x.grad[0] == pytest.approx(dnp(v), rel=1e-4)
+    with ti.ad.FwdMode(loss=y, param=x, seed=[1.0]):
+        func()
+    assert y.dual[0] == pytest.approx(dnp(v), rel=1e-4)
+
+
+def test_casts_through_f64_print_the_value(capsys):
+    """test_cast: print(cast(cast(cast(1.0, f64), f32), f64)) prints 1.0."""
+    _init_f64_as_f32()
+
+    @ti.kernel
+    def func():
+        print(ti.cast(ti.cast(ti.cast(1.0, ti.f64), ti.f32), ti.f64))
+
+    func()
+    ti.sync()
+    assert capsys.readouterr().out == "1.0\n"
+
+
+@pytest.mark.parametrize("loss_dtype,x_dtype", [("f32", "f64"), ("f64", "f32")])
+def test_f64_and_f32_fields_mixed_in_one_gradient(loss_dtype, x_dtype):
+    """test_ad_precision_1 / _2: loss = x across an f64 and an f32 field, by kernel.grad and by a tape:
+    d loss / d x = 1."""
+    _init_f64_as_f32()
+    loss = ti.field(getattr(ti, loss_dtype), shape=())
+    x = ti.field(getattr(ti, x_dtype), shape=())
+    ti.root.lazy_grad()
+
+    @ti.kernel
+    def func():
+        loss[None] = x[None]
+
+    x[None] = 0.5
+    loss.grad[None] = 1
+    func()
+    func.grad()
+    assert x.grad[None] == 1.0
+    with ti.ad.Tape(loss):
+        func()
+    assert loss[None] == 0.5 and x.grad[None] == 1.0
+
+
+@pytest.mark.parametrize("reciprocal", [False, True], ids=["t or 2t", "1/x where x > 0"])
+def test_f64_branches_in_a_parallel_loop(reciprocal):
+    """test_ad_if's f64 cases: y = x if x > 0 else 2 x (d/dx: 2 at x = 0, 1 at x = 1); and
+    t = 1 / x where x > 0 else 0 (d/dx: 0 at x = 0, -1/x^2 = -0.25 at x = 2), in ti.f64 fields."""
+    _init_f64_as_f32()
+    x = ti.field(ti.f64, shape=2)
+    y = ti.field(ti.f64, shape=2)
+    ti.root.lazy_grad()
+
+    @ti.kernel
+    def branches():
+        for i in range(2):
+            t = x[i]
+            if t > 0:
+                y[i] = t
+            else:
+                y[i] = 2 * t
+
+    @ti.kernel
+    def reciprocals():
+        for i in range(2):
+            t = 0.0
+            if x[i] > 0:
+                t = 1 / x[i]
+            y[i] = t
+
+    func = reciprocals if reciprocal else branches
+    x.from_numpy(np.array([0.0, 2.0 if reciprocal else 1.0]))
+    y.grad.fill(1.0)
+    func()
+    func.grad()
+    np.testing.assert_array_equal(x.grad.to_numpy(), [0.0, -0.25] if reciprocal else [2.0, 1.0])

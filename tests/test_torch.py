@@ -22,8 +22,8 @@ pytestmark = pytest.mark.gpu
 
 
 def test_tensors_as_ndarray_arguments_and_their_gradients():
-    """y = 3 x (a store): forward values; kernel.grad seeds from y.grad and accumulates into
-    x.grad, creating it the first time and adding to it the second."""
+    """y = 3 x (a store): forward values; the launch gives x and y a zero .grad (Taichi's rule);
+    kernel.grad seeds from y.grad and accumulates into x.grad."""
     @ti.kernel
     def triple(x: ti.types.ndarray(), y: ti.types.ndarray()):
         for i in range(x.shape[0]):
@@ -35,8 +35,8 @@ def test_tensors_as_ndarray_arguments_and_their_gradients():
     triple(x, y)
     np.testing.assert_allclose(y.detach().numpy(), 3 * x.detach().numpy(), rtol=1e-6)
     seed = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    assert torch.equal(x.grad, torch.zeros(3, 4)) and torch.equal(y.grad, torch.zeros(3, 4))
     y.grad = seed.clone()
-    assert x.grad is None
     triple.grad(x, y)
     np.testing.assert_allclose(x.grad.numpy(), 3 * seed.numpy(), rtol=1e-6)
     triple.grad(x, y)
@@ -341,3 +341,144 @@ def test_kernel_grad_into_a_leaf_during_torch_backward_warns_of_the_double_count
         xc = torch.ones((20, 30), dtype=torch.float32, requires_grad=True)
         torch.nn.L1Loss()(xc, _forum_function(fixed=False)(xc.clone())).backward()  # not a leaf: no warning
         np.testing.assert_allclose(xc.grad.numpy(), np.full((20, 30), 2 / 600), rtol=1e-5)
+
+
+# ---- Taichi's torch rules (issue 26 item 10): .grad made at launch, a torch tensor as the tape's loss --
+def _kernel_sum_of_a_plus():
+    @ti.kernel
+    def accumulate(x: ti.types.ndarray(), y: ti.types.ndarray()):
+        for i in x:
+            a = 2.0
+            for j in range(3):
+                a += x[i] / x.shape[0]
+            y[0] += a
+    return accumulate
+
+
+def test_a_launch_gives_tensors_with_requires_grad_a_zero_grad():
+    """Taichi's rule: a launch allocates .grad = zeros for each requires_grad tensor that has none, so
+    the output's .grad can be seeded in place; y = sum_i (2 + 3 x_i / n), dy/dx_i = 3 / n = 1."""
+    acc = _kernel_sum_of_a_plus()
+    x = torch.tensor([0.3, -0.2, 0.9], requires_grad=True)
+    y = torch.zeros(1, requires_grad=True)
+    plain = torch.zeros(3)  # no requires_grad: no .grad
+    acc(x, y)
+    acc(plain, torch.zeros(1))
+    assert plain.grad is None
+    assert torch.equal(x.grad, torch.zeros(3)) and torch.equal(y.grad, torch.zeros(1))
+    assert y.item() == pytest.approx(6.0 + (0.3 - 0.2 + 0.9), rel=1e-6)
+    y.grad.fill_(1.0)
+    acc.grad(x, y)
+    np.testing.assert_allclose(x.grad.numpy(), [1.0, 1.0, 1.0], rtol=1e-6)
+
+
+def test_needs_grad_false_annotation_leaves_the_tensor_gradient_zero():
+    """ti.types.ndarray(needs_grad=False): the tensor keeps the zero .grad its launch made."""
+    @ti.kernel
+    def acc(x: ti.types.ndarray(needs_grad=False), y: ti.types.ndarray()):
+        for i in range(3):
+            y[0] += x[i] * 2.0
+
+    x = torch.rand(3, requires_grad=True)
+    y = torch.rand(1, requires_grad=True)
+    acc(x, y)
+    y.grad.fill_(1.0)
+    acc.grad(x, y)
+    assert torch.equal(x.grad, torch.zeros(3))
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_a_torch_tensor_as_the_tapes_loss(n):
+    """ti.ad.Tape(loss=<one-element tensor>): zeroed on entry, seeded with loss.grad = 1 on exit
+    (made when absent); x.grad gets d/dx_i sum_i (2 + 3 x_i / n) = 3 / n."""
+    acc = _kernel_sum_of_a_plus()
+    x0 = np.linspace(-1.0, 1.0, n)
+    x = torch.tensor(x0, dtype=torch.float32, requires_grad=True)
+    loss = torch.full((1,), 7.0, requires_grad=True)  # zeroed by the tape
+    with ti.ad.Tape(loss=loss):
+        acc(x, loss)
+    assert loss.item() == pytest.approx(2.0 * n + 3.0 * x0.sum() / n, abs=1e-5)
+    assert torch.equal(loss.grad, torch.ones(1))
+    np.testing.assert_allclose(x.grad.numpy(), np.full(n, 3.0 / n), rtol=1e-6)
+
+
+def test_a_torch_loss_that_is_not_a_leaf():
+    """As in Taichi, the loss may be any one-element tensor that requires a gradient: its .grad is
+    made for the seed (no torch warning about a non-leaf's .grad); d/dx sum_i (2 + 3 x_i / n) = 3 / n."""
+    acc = _kernel_sum_of_a_plus()
+    x = torch.tensor([0.5, 1.5], requires_grad=True)
+    loss = torch.zeros(1, requires_grad=True) * 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with ti.ad.Tape(loss=loss):
+            acc(x, loss)
+    assert loss.item() == pytest.approx(4.0 + 3.0 * 2.0 / 2, rel=1e-6)
+    np.testing.assert_allclose(x.grad.numpy(), [1.5, 1.5], rtol=1e-6)
+
+
+def test_a_torch_loss_that_cannot_be_seeded_is_refused_by_name():
+    acc = _kernel_sum_of_a_plus()
+    x = torch.ones(4, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"^ti.ad.Tape\(loss=...\): the torch loss \(a torch.float32 tensor of "
+                                           r"shape \(2,\)\) must hold one number"):
+        with ti.ad.Tape(loss=torch.ones(2, requires_grad=True)):
+            acc(x, torch.ones(2, requires_grad=True))
+    with pytest.raises(RuntimeError, match=r"has requires_grad=False, so it has no gradient to seed: create it "
+                                           r"with requires_grad=True$"):
+        with ti.ad.Tape(loss=torch.ones(1)):
+            pass
+    with pytest.raises(RuntimeError, match=r"must be float32, the dtype wgpu_ad kernels compute in"):
+        with ti.ad.Tape(loss=torch.ones(1, dtype=torch.float64, requires_grad=True)):
+            pass
+    with pytest.raises(ti.WgpuAdError, match=r"or a one-element torch tensor with requires_grad=True\), got list"):
+        ti.ad.Tape(loss=[1.0])
+
+
+def test_a_kernel_in_a_hand_written_autograd_function_with_a_non_leaf_input():
+    """Taichi's test_ad_mixed_with_torch: b = 2 a (not a leaf) goes through a Function whose
+    backward seeds the output's .grad and returns b.grad from kernel.grad; p = sum 2 b, so
+    d p / d a = 4."""
+    @ti.kernel
+    def twice_sum(b: ti.types.ndarray(), p: ti.types.ndarray()):
+        for i in b:
+            p[0] += b[i] * 2
+
+    class TwiceSum(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, b):
+            p = torch.zeros(1, requires_grad=True)
+            twice_sum(b, p)
+            ctx.save_for_backward(b, p)
+            return p
+
+        @staticmethod
+        def backward(ctx, dp):
+            b, p = ctx.saved_tensors
+            p.grad = dp.clone()
+            twice_sum.grad(b, p)  # b is not a leaf: torch accumulates nothing into b.grad itself
+            return b.grad
+
+    a = torch.ones(4, requires_grad=True)
+    TwiceSum.apply(a * 2).sum().backward()
+    np.testing.assert_allclose(a.grad.numpy(), np.full(4, 4.0), rtol=1e-6)
+
+
+def test_float64_tensors_under_the_f64_opt_in():
+    """ti.init(f64="f32"): float64 tensors, the tape's loss included, are computed in float32 and
+    their values and gradients written back as float64: loss = sum x^3 -> 3 x^2."""
+    with pytest.warns(ti.Float64Warning):
+        ti.init(f64="f32")
+
+    @ti.kernel
+    def cubes(x: ti.types.ndarray(), loss: ti.types.ndarray()):
+        for i in x:
+            loss[0] += x[i] ** 3
+
+    x0 = np.array([0.5, -1.0, 2.0])
+    x = torch.tensor(x0, dtype=torch.float64, requires_grad=True)
+    loss = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    with ti.ad.Tape(loss=loss):
+        cubes(x, loss)
+    assert loss.dtype == torch.float64 and x.grad.dtype == torch.float64
+    assert loss.item() == pytest.approx((x0 ** 3).sum(), rel=1e-6)
+    np.testing.assert_allclose(x.grad.numpy(), 3 * x0 ** 2, rtol=1e-6)

@@ -9,7 +9,7 @@ from .ad import Tape, clear_all_gradients, grad_for, grad_replaced, no_grad
 from .compiler import CompileOptions
 from .errors import (AutodiffUsageError, CompileError, DataAccessRuleError, GpuError, GradientDTypeError,
                      KernelArgError, KernelAssertionError, KernelRuntimeError, KernelZeroDivisionError,
-                     NotDifferentiableError, TorchGradWarning, UnsupportedError, WgpuAdError)
+                     NotDifferentiableError, TorchGradWarning, Float64Error, Float64Warning, UnsupportedError, WgpuAdError)
 
 # Taichi's exception names, for programs and tests written for Taichi (`pytest.raises(ti.TaichiX)`)
 TaichiCompilationError = CompileError
@@ -51,9 +51,10 @@ def init(arch=None, debug: bool = False, device=None, **kwargs):
             read-back), and verify the IR between compiler passes.
         **kwargs: `random_seed=0`, `force_emulated_atomics=False`, `offline_cache=True`,
             `offline_cache_file_path=None`, `ad_stack_size=256` (0: let wgpu_ad choose),
-            `print_ir=False`, `print_wgsl=False`, `deterministic=False` (True: float sums made with
-            atomics, gradients among them, are bitwise the same run to run on one adapter, at a
-            cost: docs/performance.md).
+            `print_ir=False`, `print_wgsl=False`, `deterministic=False` (True: float sums made
+            with atomics, gradients among them, are bitwise the same run to run on one adapter,
+            at a cost: docs/performance.md), `f64="f32"` (run `ti.f64` in float32, with one
+            `Float64Warning`; without it `ti.f64` is refused).
     """
     from . import session
     compile_opts = {"print_ir": bool(kwargs.pop("print_ir", False)),
@@ -69,11 +70,40 @@ def init(arch=None, debug: bool = False, device=None, **kwargs):
                               f"let wgpu_ad choose")
         if ad_stack_size:
             compile_opts["ad_stack_size"] = ad_stack_size
+    f64_as_f32 = _f64_option(kwargs)
     # the Runtime's own arguments; Taichi-only options (device_memory_GB, kernel_profiler, ...) are ignored
     runtime_kwargs = {k: kwargs[k] for k in _RUNTIME_ARGS if k in kwargs}
     runtime_kwargs["device"] = device
     s = session.open_session(dict(arch=arch, debug=debug, **runtime_kwargs), compile_opts)
+    if f64_as_f32:
+        from .errors import Float64Warning
+        from .types import F64_AS_F32
+        from .user_code import warn
+        s.f64_as_f32 = True
+        warn(F64_AS_F32, Float64Warning)  # once per session: each ti.init opens one
     return s.runtime
+
+
+def _f64_option(kwargs: dict) -> bool:
+    """ti.init's f64= ("error", the default, or "f32"): whether ti.f64 runs as ti.f32; default_fp=ti.f64
+    becomes ti.f32 with it and is refused, naming it, without it."""
+    from .errors import Float64Error
+    from .types import F64_REFUSED, Float64
+    f64 = kwargs.pop("f64", "error")
+    if f64 not in ("error", "f32"):
+        raise WgpuAdError(f"ti.init(f64={f64!r}): expected \"f32\" (run the program's ti.f64 in float32) or "
+                          f"\"error\" (the default: ti.f64 is refused)")
+    fp = kwargs.get("default_fp")
+    if isinstance(fp, Float64) or (isinstance(fp, str) and fp in ("f64", "float64")) or _np_float64(fp):
+        if f64 != "f32":
+            raise Float64Error(f"ti.init(default_fp=ti.f64): {F64_REFUSED}")
+        kwargs["default_fp"] = f32
+    return f64 == "f32"
+
+
+def _np_float64(t) -> bool:
+    import numpy as np
+    return t is np.float64 or (isinstance(t, np.dtype) and t == np.float64)
 
 
 _RUNTIME_ARGS = ("force_emulated_atomics", "default_fp", "random_seed", "print_buffer_lines")
@@ -93,7 +123,10 @@ def __getattr__(name: str):
     if name in ("GUI", "ui"):
         from . import viewer
         return getattr(viewer, name)
-    if name in ("f64", "float64", "i64", "int64", "u64", "uint64"):  # `real = ti.f64` in Taichi programs
+    if name in ("f64", "float64"):  # ti.f32 under ti.init(f64="f32"); else a dtype that is refused when used
+        from .session import f64_dtype
+        return f64_dtype()
+    if name in ("i64", "int64", "u64", "uint64"):  # `ti.i64` in Taichi programs
         raise AttributeError(f"ti.{name}: WebGPU shaders have no 64-bit numbers, so wgpu_ad computes in 32 bits; "
                              f"use ti.{'f32' if name[0] == 'f' else name[0] + '32'}")
     hint = _did_you_mean(name)

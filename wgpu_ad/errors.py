@@ -137,6 +137,14 @@ class DataAccessError(KernelRuntimeError):
         self.kernel, self.field, self.index, self.line = kernel, field, index, line
 
 
+class Float64Error(WgpuAdError):
+    """ti.f64 used without ti.init(f64="f32"): WebGPU shaders have no 64-bit floats."""
+
+
+class Float64Warning(UserWarning):
+    """ti.init(f64="f32"): the program's ti.f64 computes in float32 (types.py F64_AS_F32)."""
+
+
 class TorchGradWarning(UserWarning):
     """kernel.grad() accumulated into the .grad of a leaf torch tensor while torch's own backward
     pass runs and will accumulate into it too: a torch.autograd.Function whose backward returns

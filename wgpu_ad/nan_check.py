@@ -2,8 +2,9 @@
 its checks carry from the adjoint emitter (passes/autodiff/nancheck.py) through code generation
 to the runtime, and the message a failed check becomes.
 
-In an adjoint compiled with the check, every local derivative a rule produces is tested; the
-first one in a thread that is not finite is remembered, with the operation's values, in
+In an adjoint compiled with the check, every local derivative a rule produces is tested (its value,
+and its operands where the op has a singular point: passes/autodiff/nancheck.py DOMAIN, as a shader
+compiler may fold the NaN or inf away); the first one in a thread that is not finite is remembered, with the operation's values, in
 thread-local variables (an Origin names the operation). Every contribution to a gradient buffer
 is tested before it is added (a GradCheck, the attr of an ASSERT): a non-finite one stops the
 thread and reports the element, its value and the remembered origin. The records are plain data
@@ -156,6 +157,16 @@ def _singular(o: Origin, x: float, y: float) -> tuple[str, str] | None:
         return (f"d/dx {op}(x) = {'-' if op == 'acos' else ''}1 / sqrt(1 - x^2) is not finite at x = {_f(x)} "
                 f"(|x| >= 1)", f"clamp the argument into the open interval (-1, 1): "
                 f"ti.{op}(ti.min(ti.max(x, -1 + 1e-6), 1 - 1e-6))")
+    if op == "log1p" and x <= -1:
+        why = ("d/dx log1p(x) = 1 / (1 + x) is infinite at x = -1" if x == -1
+               else f"log1p of {_f(x)} < -1 is NaN")
+        return why, "keep the argument of log1p above -1"
+    if op == "atanh" and abs(x) == 1:
+        return (f"d/dx atanh(x) = 1 / (1 - x^2) is infinite at x = {_f(x)}",
+                "clamp the argument into the open interval (-1, 1)")
+    if op == "acosh" and abs(x) <= 1:
+        return (f"d/dx acosh(x) = 1 / sqrt(x^2 - 1) is not finite at x = {_f(x)} (|x| <= 1)",
+                "keep the argument of acosh above 1: ti.acosh(ti.max(x, 1 + 1e-6))")
     if op == "atan2" and x == 0 and y == 0:
         return ("the derivatives of atan2(y, x), x / (x^2 + y^2) and -y / (x^2 + y^2), are 0 / 0 at (0, 0)",
                 "keep the point away from the origin (add a small epsilon to x^2 + y^2), or skip it with an `if`")
@@ -190,8 +201,12 @@ def _origin_text(o: Origin, vals: dict, storage) -> str:
     sing = _singular(o, x, y)
     if sing is not None:
         why, fix = sing
+        passed = (f"is {_f(c)}{zero_inf}" if not math.isfinite(c) else
+                  f"is not finite in IEEE arithmetic, though the GPU computed {_f(c)}: a shader compiler may fold a NaN "
+                  f"or inf away, and WGSL leaves some of these results undefined; the check found it from the "
+                  f"operands")
         return (f"It starts at {at}: {why} (here {args}; incoming adjoint {_f(g)}, so the gradient passed to "
-                f"{roles[o.operand]} is {_f(c)}{zero_inf}).\nFix: {fix}")
+                f"{roles[o.operand]} {passed}).\nFix: {fix}")
     if not math.isfinite(r):
         return (f"It starts at {at}: its value is already {_f(r)} in the forward pass ({args}), so its "
                 f"derivative is not finite either (an overflow?). Keep the operation in range")
@@ -222,9 +237,13 @@ def _message(check: GradCheck, values, storage) -> str:
     v = dict(zip(VALUES, values))
     value, site = float(v["value"]), int(v["site"])
     name = _element(storage, check.source, int(v["index"]), check.field)
-    head = (f"the gradient of {name} is {_f(value)}: the backward pass of kernel '{check.kernel}' adds "
-            f"{_f(value)} to its gradient (checked because of ti.init(debug=True) or "
-            f"ti.ad.Tape(check_nan=True); the other gradients are incomplete)")
+    why = "checked because of ti.init(debug=True) or ti.ad.Tape(check_nan=True)"
+    if math.isfinite(value):  # a derivative's operands were out of its domain (nancheck.py DOMAIN)
+        head = (f"a derivative in the backward pass of kernel '{check.kernel}' is not finite ({why}; the backward "
+                f"pass stopped before adding {_f(value)} to the gradient of {name}; the gradients are incomplete)")
+    else:
+        head = (f"the gradient of {name} is {_f(value)}: the backward pass of kernel '{check.kernel}' adds "
+                f"{_f(value)} to its gradient ({why}; the other gradients are incomplete)")
     origin = check.origins[site - 1] if 0 < site <= len(check.origins) else None
     if origin is None:
         body = ("No derivative was infinite: finite adjoints summed to more than float32 holds (an overflow; "

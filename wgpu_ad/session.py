@@ -26,6 +26,7 @@ from .compiler.options import CompileOptions, check_changes, for_device
 from .errors import GpuError, WgpuAdError
 from .runtime.adapter import enumerate_adapters
 from .runtime.device import Runtime
+from .types import F64, f32
 
 
 class AdContext:
@@ -66,6 +67,7 @@ class Session:
         # kernel.grad() refuses to trust a record older than one of them
         self.unlogged_launches = 0
         self.open_tapes: dict[int, str] = {}  # thread id -> where its open ti.ad.Tape was entered
+        self.f64_as_f32 = False  # ti.init(f64="f32"): ti.f64 reads as ti.f32 (types.py F64_AS_F32)
 
     def track_companion(self, owner) -> None:
         """`owner` got a gradient or a dual: launches keep autodiff records while it lives."""
@@ -225,6 +227,13 @@ def sync() -> None:
     s = _state["session"]
     if s is not None:
         s.sync()
+
+
+def f64_dtype():
+    """What `ti.f64` reads as: ti.f32 in a session opened with ti.init(f64="f32"), else the dtype
+    that is refused when used (types.py F64), so that `ti.init(default_fp=ti.f64, ...)` can read it."""
+    s = _state["session"]
+    return f32 if s is not None and s.f64_as_f32 else F64
 
 
 def compile_options() -> CompileOptions:

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import Float64Error
+
 
 @dataclass(frozen=True)
 class DType:
@@ -41,6 +43,32 @@ float32, int32, uint32, float16 = f32, i32, u32, f16
 SCALAR_TYPES = (f32, f16, i32, u32, u1)
 
 
+F64_REFUSED = ("WebGPU shaders have no 64-bit floats. Use ti.f32, or run the program's f64 in float32 "
+               "with ti.init(..., f64=\"f32\") (then read ti.f64 after that call: a `real = ti.f64` kept from "
+               "before it stays refused)")
+F64_AS_F32 = ("ti.init(f64=\"f32\"): WebGPU shaders have no 64-bit floats, so in this session ti.f64 is ti.f32: "
+              "f64 fields, ndarrays, casts, annotations, default_fp=ti.f64 and float64 NumPy arrays or torch tensors "
+              "passed to kernels compute and store float32 (about 7 significant digits instead of 16; gradients "
+              "too), and to_numpy() of an f64 field returns a float32 array")
+
+
+@dataclass(frozen=True)
+class Float64:
+    """`ti.f64` where the session did not opt in to running it as f32 (ti.init(f64="f32")): using it
+    as a dtype raises Float64Error (to_dtype)."""
+
+    name: str = "f64"
+
+    def __repr__(self) -> str:
+        return "f64"
+
+    def __call__(self, value):
+        raise Float64Error(f"ti.f64({value!r}): {F64_REFUSED}")
+
+
+F64 = Float64()
+
+
 def _scalar_type(name: str) -> DType:
     return next(t for t in SCALAR_TYPES if t.name == name)
 
@@ -49,6 +77,8 @@ def to_dtype(t) -> DType:
     """Map what users write (ti.f32, float, int, np.float32, 'f32') to a DType."""
     if isinstance(t, DType):
         return t
+    if isinstance(t, Float64):
+        raise Float64Error(f"ti.f64: {F64_REFUSED}")
     table = {float: f32, int: i32, bool: i32, "f32": f32, "i32": i32, "u32": u32, "f16": f16}
     if t in table:
         return table[t]

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from ..errors import AutodiffUsageError, WgpuAdError
 from .. import session
-from .flow import accesses as _accesses, check_flow
+from .flow import GradientWarning, accesses as _accesses, check_flow
 from .naming import describe
 
 
@@ -44,6 +44,18 @@ def clear_all_gradients() -> None:
 
 def _is_storage(x) -> bool:
     return hasattr(x, "gpu_buffer") and hasattr(x, "is_grad")
+
+
+def _is_torch(x) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _set_torch(t, value: float) -> None:
+    """A torch loss: its value (entering the tape) or its .grad (the seed) set to `value`."""
+    torch = sys.modules["torch"]
+    with torch.no_grad():
+        t.fill_(value)
 
 
 @dataclass
@@ -95,7 +107,8 @@ class Tape:
     """Reverse-mode autodiff over the kernel launches in a `with` block (Taichi's ti.ad.Tape).
 
     Args:
-        loss: a 0-d float field with a gradient (needs_grad=True or ti.root.lazy_grad()). It is
+        loss: a 0-d float field with a gradient (needs_grad=True or ti.root.lazy_grad()), or a
+            one-element float32 torch tensor with requires_grad=True (Taichi's torch loss). It is
             set to 0 when the tape is entered; on exit its gradient is set to 1 and the recorded
             kernels' gradients run in reverse order. With loss=None nothing runs on exit: seed the
             outputs' .grad yourself and call tape.grad().
@@ -115,9 +128,9 @@ class Tape:
 
     def __init__(self, loss=None, clear_gradients: bool = True, validation: bool = False,
                  grad_check=None, check_nan: bool = False):
-        if loss is not None and not _is_storage(loss):
-            raise WgpuAdError(f"ti.ad.Tape(loss=...): expected a 0-d field with needs_grad=True, got "
-                              f"{type(loss).__name__}")
+        if loss is not None and not _is_storage(loss) and not _is_torch(loss):
+            raise WgpuAdError(f"ti.ad.Tape(loss=...): expected a 0-d field with needs_grad=True (or a one-element "
+                              f"torch tensor with requires_grad=True), got {type(loss).__name__}")
         if grad_check is not None:
             if _is_storage(grad_check):
                 grad_check = [grad_check]
@@ -175,7 +188,9 @@ class Tape:
         self._claim_thread()
         if self.clear_gradients:
             clear_all_gradients()
-        if self.loss is not None:
+        if _is_torch(self.loss):
+            _set_torch(self.loss, 0.0)
+        elif self.loss is not None:
             self.loss.fill(0)  # kernels usually accumulate into the loss (Taichi zeroes it too)
         if self._snapshot_writes:
             from .gradcheck import Snapshot
@@ -222,6 +237,8 @@ class Tape:
 
     def _check_loss(self) -> None:
         L = self.loss
+        if _is_torch(L):
+            return self._check_torch_loss()
         what = f"loss {describe(L)}"
         if L.is_grad:
             raise AutodiffUsageError(f"{what} is a gradient; pass the primal field as the loss")
@@ -234,6 +251,35 @@ class Tape:
         if not L.needs_grad:
             raise AutodiffUsageError(f"{what} has no gradient: create it with needs_grad=True (or call "
                               f"ti.root.lazy_grad()) before the tape")
+
+    def _flow_loss(self):
+        """The storage the kernels write as the loss: a torch loss's device copy (lang/external.py)."""
+        if not _is_torch(self.loss):
+            return self.loss
+        from ..lang.external import EXTERNALS
+        dev = EXTERNALS.copy_of(self.loss)
+        if dev is None and self.entries:
+            from ..user_code import warn
+            warn("ti.ad.Tape(loss=...): the torch loss was passed to no kernel launched inside the tape, so every "
+                 "gradient is zero. Pass it to the kernel that computes the loss, inside the `with` block",
+                 GradientWarning)
+        return dev
+
+    def _check_torch_loss(self) -> None:
+        L = self.loss
+        what = f"the torch loss (a {L.dtype} tensor of shape {tuple(L.shape)})"
+        if L.numel() != 1:
+            raise AutodiffUsageError(f"ti.ad.Tape(loss=...): {what} must hold one number (shape () or (1,)). For "
+                                     f"several outputs, seed their .grad yourself and use ti.ad.Tape() without a "
+                                     f"loss, then tape.grad()")
+        f64_ok = str(L.dtype) == "torch.float64" and session.f64_dtype().name == "f32"  # ti.init(f64="f32")
+        if str(L.dtype) != "torch.float32" and not f64_ok:
+            raise AutodiffUsageError(f"ti.ad.Tape(loss=...): {what} must be float32, the dtype wgpu_ad kernels "
+                                     f"compute in; create it with dtype=torch.float32 (or run float64 in float32 "
+                                     f"with ti.init(f64=\"f32\"))")
+        if not L.requires_grad:
+            raise AutodiffUsageError(f"ti.ad.Tape(loss=...): {what} has requires_grad=False, so it has no gradient "
+                                     f"to seed: create it with requires_grad=True")
 
     # ---- recording (called by the launcher: session.ad().tape.record) ----------------------------
 
@@ -347,7 +393,7 @@ class Tape:
         if held is not None and (self.loss is None or held.entry is not self.entries[-1]):
             self._release()  # not the last thing recorded: it runs before the backward pass
         try:
-            check_flow(self.entries, self.loss)
+            check_flow(self.entries, self._flow_loss())
             if self._validator is not None:
                 self._validator.check()
             else:
@@ -360,7 +406,10 @@ class Tape:
         if held is not None and not held.handle.cancel():
             held = None  # dropped by ti.reset()
         # else the backward pass launches it, fused with its adjoint if it can
-        if self.loss is not None:
+        if _is_torch(self.loss):
+            from ..lang.external import seed_grad
+            seed_grad(self.loss, 1.0)
+        elif self.loss is not None:
             self.loss.grad.fill(1)
         prev = session.ad().in_backward, session.ad().check_nan
         session.ad().in_backward, session.ad().check_nan = True, self.check_nan or prev[1]

@@ -9,22 +9,26 @@ arguments the kernel writes are copied back into the host array afterwards (the 
 the GPU there). CUDA tensors go through the host
 (there is no memory shared between CUDA and WebGPU): correct, but a copy each way.
 
-Gradients: `kernel.grad(...)` with torch tensors reads `t.grad` of the outputs as the seed and
-accumulates into `t.grad` of the inputs (the arguments the kernel reads; creating it when absent),
-as Taichi's torch interop does; the outputs' `.grad` tensors are not written.
-Only tensors with requires_grad=True have gradients. NumPy arrays carry none: pass a
+Gradients: a launch (forward or gradient) gives every float leaf tensor argument with
+requires_grad=True and no `.grad` a zero `.grad`, as Taichi does, so that the outputs' `.grad` can be seeded in place
+(`y.grad.fill_(1)`); `kernel.grad(...)` reads `t.grad` of the outputs as the seed and accumulates
+into `t.grad` of the inputs (the arguments the kernel reads), as Taichi's torch interop does; the
+outputs' `.grad` tensors are not written.
+Only tensors with requires_grad=True have gradients. Under ti.init(f64="f32"), float64 arrays and
+tensors are taken too: computed in float32 and written back (values, gradients) as float64. NumPy arrays carry none: pass a
 ti.ndarray(needs_grad=True) or a torch tensor where a gradient is wanted.
 """
 from __future__ import annotations
 
 import sys
+import warnings
 import weakref
 
 import numpy as np
 
 from .. import plan
 from ..errors import KernelArgError, TorchGradWarning
-from ..session import generation as _generation
+from ..session import f64_dtype, generation as _generation
 from ..types import MatrixType, VectorType, f32, i32, u32
 from ..user_code import warn
 
@@ -62,6 +66,8 @@ def describe(kernel: str, name: str, v, ann) -> tuple:
     KernelArgError naming what is wrong with it."""
     arr = host_view(v)
     dt = _DTYPES.get(arr.dtype)
+    if dt is None and arr.dtype == np.float64 and f64_dtype() is f32:  # ti.init(f64="f32"): computed in f32
+        dt = f32
     kind = "tensor" if _is_torch(v) else "array"
     a_kind = "a tensor" if kind == "tensor" else "an array"
     if dt is None:
@@ -111,6 +117,11 @@ class Externals:
         self.live[hid] = (weakref.ref(host, release), dev, key)
         return dev
 
+    def copy_of(self, host):
+        """The live device copy of `host`, or None when no launch has taken it."""
+        hit = self.live.get(id(host))
+        return hit[1] if hit is not None and hit[0]() is host else None
+
     def to_device(self, kernel, args: tuple, positions: list, with_grads: bool) -> tuple[tuple, list]:
         """args with every host array replaced by its device copy (values uploaded; with_grads:
         the tensors' .grad too, zeros where absent); and the (position, host, device) triples."""
@@ -121,10 +132,12 @@ class Externals:
                 continue
             name = kernel.params[pos].name
             dt, shape, es, needs_grad = describe(kernel.__name__, name, v, kernel.anns[pos])
+            if needs_grad and (v.is_leaf or v.retains_grad) and v.grad is None:
+                _zero_grad(v)  # Taichi's rule: every launch allocates it (a non-leaf's .grad: kernel.grad)
             dev = self.device_copy(v, dt, shape, es, needs_grad, name)
             dev.from_numpy(np.ascontiguousarray(host_view(v)).reshape(shape + es))
             if with_grads and needs_grad:
-                g = getattr(v, "grad", None)
+                g = _grad(v)
                 if g is None:
                     dev.grad.fill(0)
                 else:
@@ -164,11 +177,38 @@ def _write(host, values: np.ndarray) -> None:
         host.copy_(torch.from_numpy(values.reshape(tuple(host.shape))))
 
 
+def _grad(t):
+    """t.grad, without torch's warning for a tensor that is not a leaf: kernel.grad reads and writes
+    a non-leaf's .grad on purpose (Taichi's interop: a torch.autograd.Function returns it)."""
+    if t.is_leaf or t.retains_grad:
+        return t.grad
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return t.grad
+
+
+def _zero_grad(t) -> None:
+    """t.grad = zeros shaped like t (a torch tensor with requires_grad and no .grad yet)."""
+    seed_grad(t, 0.0)
+
+
+def seed_grad(t, value: float) -> None:
+    """Set every element of a torch tensor's .grad to value, making the .grad when it has none (a
+    torch loss of ti.ad.Tape: its seed)."""
+    torch = sys.modules["torch"]
+    with torch.no_grad():
+        g = _grad(t)
+        if g is None:
+            t.grad = torch.full_like(t, value)
+        else:
+            g.fill_(value)
+
+
 def _write_grad(host, values: np.ndarray) -> None:
     torch = sys.modules["torch"]
     values = torch.from_numpy(values.reshape(tuple(host.shape)))
     with torch.no_grad():
-        if host.grad is None:
+        if _grad(host) is None:
             host.grad = values.to(device=host.device, dtype=host.dtype)
         else:
             host.grad.copy_(values)

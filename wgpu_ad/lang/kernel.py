@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .. import session as _session
-from ..errors import CompileError, KernelArgError, WgpuAdError
+from ..errors import CompileError, Float64Error, KernelArgError, WgpuAdError
 from ..types import MatrixType, VectorType, to_dtype
 from .external import EXTERNALS, Externals, describe, is_external
 from .launch import Launcher, binding_limit_error, check_binding_limit, launch
@@ -195,6 +195,8 @@ class Kernel:
             else:
                 try:
                     dt = to_dtype(ann)
+                except Float64Error as e:
+                    raise Float64Error(f"kernel '{self.__name__}', argument '{p.name}': {e}") from None
                 except TypeError:
                     raise CompileError(f"kernel '{self.__name__}': unsupported annotation {ann!r} for argument '{p.name}'") from None
                 specs.append(ArgSpec(p.name, "scalar", dt))

@@ -15,7 +15,7 @@ import weakref
 import numpy as np
 
 from ..types import DType, f16, to_dtype, u1
-from ..errors import GradientDTypeError, NoCompanionError, WgpuAdError
+from ..errors import Float64Error, GradientDTypeError, NoCompanionError, WgpuAdError
 from .. import session as _rt
 
 
@@ -82,6 +82,8 @@ class StorageIndexError(WgpuAdError, IndexError):
 def check_dtype(dtype, what: str) -> DType:
     try:
         dt = to_dtype(dtype)
+    except Float64Error as e:
+        raise Float64Error(f"{what}: {e}") from None
     except TypeError as e:
         raise WgpuAdError(f"{what}: {e}") from None
     if dt == u1:
