@@ -140,7 +140,7 @@ def _singular(o: Origin, x: float, y: float) -> tuple[str, str] | None:
         what = ("d/dx (x / y) = 1 / y and d/dy (x / y) = -x / y^2 are infinite at y = 0 (a division by zero)"
                 if op == "div" else "d/dy (x % y) = -floor(x / y) is not finite at y = 0 (a division by zero)")
         return what, ("add a small epsilon to the divisor (x / (y + 1e-10)), or skip the term where y = 0 "
-                      "(ti.select(y != 0, x / y, 0.0) still differentiates both sides: use an `if`)")
+                      "(ti.select(y != 0, x / y, 0.0), or an `if`)")
     if op == "pow":
         if k == 1 and x <= 0:
             return (f"d/dy x**y = x**y log(x) needs log(x), which is not finite for the base x = {_f(x)} <= 0 "

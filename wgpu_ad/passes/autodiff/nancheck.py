@@ -57,32 +57,33 @@ def _abs(b: Builder, x: Stmt) -> Stmt:
 
 
 def _log_like(b: Builder, x: Stmt, g: Stmt, at: float) -> Stmt:
-    """g / (x - at): not finite at x = at; below it the op's value is NaN, which matters where the
-    adjoint is not 0 (ti.select(x > 0, ti.log(x), 0.0) at x < 0 has a zero adjoint there)."""
-    return _any(b, _cmp(b, Op.EQ, x, at), _all(b, _cmp(b, Op.LT, x, at), _used(b, g)))
+    """g / (x - at): not finite at x = at; below it the op's value is NaN."""
+    return _all(b, _cmp(b, Op.LE, x, at), _used(b, g))
 
 
 # Where an op's contribution to operand k is not finite in IEEE arithmetic, for finite operands
 # `ops` and incoming adjoint g (rules.py's formulas): op -> fn(b, k, ops, g) -> a u1, or None.
-# sqrt and / leave a term out where g is exactly 0 (rules.py _strong_zero), so g != 0 there.
+# sqrt, / and the ops of rules.SINGULAR leave a term out where g is exactly 0 (rules.py
+# _strong_zero: ti.select(x > 0, ti.log(x), 0.0) at x <= 0 has a zero adjoint there), so g != 0
+# is part of every condition.
 DOMAIN = {
     Op.SQRT: lambda b, k, o, g: _all(b, _cmp(b, Op.LE, o[0], 0.0), _used(b, g)),
-    Op.RSQRT: lambda b, k, o, g: _cmp(b, Op.LE, o[0], 0.0),
+    Op.RSQRT: lambda b, k, o, g: _all(b, _cmp(b, Op.LE, o[0], 0.0), _used(b, g)),
     Op.LOG: lambda b, k, o, g: _log_like(b, o[0], g, 0.0),
     Op.LOG1P: lambda b, k, o, g: _log_like(b, o[0], g, -1.0),
-    Op.ASIN: lambda b, k, o, g: _cmp(b, Op.GE, _abs(b, o[0]), 1.0),
-    Op.ACOS: lambda b, k, o, g: _cmp(b, Op.GE, _abs(b, o[0]), 1.0),
-    Op.ACOSH: lambda b, k, o, g: _cmp(b, Op.LE, _abs(b, o[0]), 1.0),
-    Op.ATANH: lambda b, k, o, g: _cmp(b, Op.EQ, _abs(b, o[0]), 1.0),
+    Op.ASIN: lambda b, k, o, g: _all(b, _cmp(b, Op.GE, _abs(b, o[0]), 1.0), _used(b, g)),
+    Op.ACOS: lambda b, k, o, g: _all(b, _cmp(b, Op.GE, _abs(b, o[0]), 1.0), _used(b, g)),
+    Op.ACOSH: lambda b, k, o, g: _all(b, _cmp(b, Op.LE, _abs(b, o[0]), 1.0), _used(b, g)),
+    Op.ATANH: lambda b, k, o, g: _all(b, _cmp(b, Op.EQ, _abs(b, o[0]), 1.0), _used(b, g)),
     Op.DIV: lambda b, k, o, g: _all(b, _cmp(b, Op.EQ, o[1], 0.0), _used(b, g)),
-    Op.MOD: lambda b, k, o, g: _cmp(b, Op.EQ, o[1], 0.0) if k == 1 else None,
-    Op.ATAN2: lambda b, k, o, g: _all(b, _cmp(b, Op.EQ, o[0], 0.0), _cmp(b, Op.EQ, o[1], 0.0)),
+    Op.MOD: lambda b, k, o, g: _all(b, _cmp(b, Op.EQ, o[1], 0.0), _used(b, g)) if k == 1 else None,
+    Op.ATAN2: lambda b, k, o, g: _all(b, _cmp(b, Op.EQ, o[0], 0.0), _cmp(b, Op.EQ, o[1], 0.0), _used(b, g)),
     # d/dx x^y = y x^(y-1): inf at x = 0 for y < 1, NaN for x < 0 and y not an integer;
     # d/dy x^y = x^y log x: not finite for x <= 0
-    Op.POW: lambda b, k, o, g: (_cmp(b, Op.LE, o[0], 0.0) if k == 1 else
-                                _any(b, _all(b, _cmp(b, Op.EQ, o[0], 0.0), _cmp(b, Op.LT, o[1], 1.0)),
-                                     _all(b, _cmp(b, Op.LT, o[0], 0.0),
-                                          b.emit(Op.NE, [o[1], b.emit(Op.FLOOR, [o[1]])])))),
+    Op.POW: lambda b, k, o, g: _all(b, _used(b, g), (
+        _cmp(b, Op.LE, o[0], 0.0) if k == 1 else
+        _any(b, _all(b, _cmp(b, Op.EQ, o[0], 0.0), _cmp(b, Op.LT, o[1], 1.0)),
+             _all(b, _cmp(b, Op.LT, o[0], 0.0), b.emit(Op.NE, [o[1], b.emit(Op.FLOOR, [o[1]])]))))),
 }
 
 

@@ -230,26 +230,50 @@ OWN_RULES: dict[Op, Own] = {
 }
 
 
+# ops whose partials are not finite at some finite operands (log at 0, asin at 1, x**y at x = 0,
+# atan2 at the origin, ...): there a term whose adjoint or tangent is exactly 0 is left out, as
+# sqrt and / do in OWN_RULES, because g * inf would make NaN of a branch that does not reach the
+# result (ti.select(z > 0, ti.log(z), 0.0) at z = 0). nancheck.py DOMAIN tests these points only
+# where g is not 0.
+SINGULAR = frozenset({Op.LOG, Op.LOG1P, Op.RSQRT, Op.ASIN, Op.ACOS, Op.ACOSH, Op.ATANH, Op.POW,
+                      Op.MOD, Op.ATAN2})
+
+
+def _guarded(d, t, term):
+    """_strong_zero for a term that may be Lazy (built only where it is needed)."""
+    if isinstance(term, Lazy):
+        return Lazy(lambda: _strong_zero(d, t, force(term)))
+    return _strong_zero(d, t, term)
+
+
 def adjoint(d, op: Op, ops: list, r, g) -> list:
     """The contributions of statement op(*ops) = r with incoming adjoint g to its operands (None:
     nothing; a Lazy: built only when the operand needs it)."""
     own = OWN_RULES.get(op)
-    if own is not None:
-        return own.adjoint(d, *ops, r, g)
-    return [_times(d, g, p) for p in PARTIALS[op](d, *ops, r)]
+    out = own.adjoint(d, *ops, r, g) if own is not None else [_times(d, g, p) for p in PARTIALS[op](d, *ops, r)]
+    return [_guarded(d, g, c) for c in out] if op in SINGULAR else out
 
 
 def tangent(d, op: Op, ops: list, r, tangents: list):
     """The tangent of statement op(*ops) = r given its operands' tangents (None: zero)."""
     own = OWN_RULES.get(op)
     if own is not None:
+        if op in SINGULAR:  # one term per operand with a tangent: each left out where that tangent is 0
+            acc = None
+            for k, t in enumerate(tangents):
+                if t is not None:
+                    alone = [t if j == k else None for j in range(len(tangents))]
+                    acc = d.add(acc, _strong_zero(d, t, force(own.tangent(d, *ops, r, *alone))))
+            return acc
         return own.tangent(d, *ops, r, *tangents)
     acc = None
     for p, t in zip(PARTIALS[op](d, *ops, r), tangents):
         if isinstance(p, minus):
-            acc = d.sub(acc, force(_times(d, t, p.p)))
+            term = force(_times(d, t, p.p))
+            acc = d.sub(acc, _strong_zero(d, t, term) if op in SINGULAR else term)
         else:
-            acc = d.add(acc, force(_times(d, t, p)))
+            term = force(_times(d, t, p))
+            acc = d.add(acc, _strong_zero(d, t, term) if op in SINGULAR else term)
     return acc
 
 
