@@ -217,9 +217,9 @@ fn atan_f32(x: f32) -> f32 {
 }
 
 //! snippet bits_f32
-// The f32 with these bits: how generated code spells a NaN or an infinity. A function call is not
-// a constant expression; bitcast<f32>(0x7fc00000u) is one, and WGSL rejects a constant that is not
-// finite (Chrome and Dawn refuse the shader; naga lets it pass).
+// The f32 with these bits: how generated code spells a NaN or an infinity. A call of a function is
+// not a constant expression; a bitcast of a constant is one, and WGSL rejects a constant that is
+// not finite (Chrome and Dawn refuse the shader; naga lets it pass).
 fn bits_f32(bits: u32) -> f32 {
     return bitcast<f32>(bits);
 }

@@ -156,7 +156,7 @@ def _scalar_param(k, n: int) -> bool:
     try:
         to_dtype(k.anns[n])
         return True
-    except TypeError:
+    except (TypeError, ValueError):
         return False
 
 
