@@ -40,6 +40,13 @@ export default async function (device, ctx) {
       else if (op.op === "grad") await prog.grad(op.kernel, argsOf(op.args));
       else if (op.op === "tape") await prog.tape(op.loss, () => exec(op.body));
       else if (op.op === "read") out[op.as] = op.nd ? await target(op).read() : await prog.read(op.name);
+      else if (op.op === "fwd_mode") {  // ti.ad.FwdMode(loss, param, seed): zero the duals, seed, run duals
+        for (const [name, b] of Object.entries(prog.fields)) if (b.role === "dual") prog.fill(name, 0);
+        prog.write(op.param + ".dual", op.seed);
+        for (const r of op.body) await prog.fwd(r.kernel, argsOf(r.args));
+      } else if (op.op === "error") {
+        try { await prog[op.call](op.kernel, argsOf(op.args)); out[op.as] = null; } catch (e) { out[op.as] = String(e.message); }
+      }
       else throw new Error("unknown op " + op.op);
     }
   }
@@ -64,6 +71,8 @@ def run_python(ops: list, fields: dict, kernels: dict) -> dict:
 
     def target(op):
         st = arrays[op["nd"]] if op.get("nd") else fields[op["name"].split(".")[0]]
+        if op.get("name", "").endswith(".dual"):
+            return st.dual
         return st.grad if op.get("grad") or op.get("name", "").endswith(".grad") else st
 
     def run(ops):
@@ -82,6 +91,9 @@ def run_python(ops: list, fields: dict, kernels: dict) -> dict:
                     out[op["as"]] = r
             elif kind == "grad":
                 kernels[op["kernel"]].grad(**args_of(op.get("args")))
+            elif kind == "fwd_mode":
+                with ti.ad.FwdMode(loss=fields[op["loss"]], param=fields[op["param"]], seed=op["seed"]):
+                    run(op["body"])
             elif kind == "tape":
                 with ti.ad.Tape(loss=fields[op["loss"]]):
                     run(op["body"])
@@ -323,7 +335,30 @@ def ndarray_case():
                 ref={"L": [s * (a64 ** 3).sum()], "grad": 3 * s * a64 ** 2, "ret": 2 * s}, tol="arith")
 
 
-CASES = {"gravity": gravity_case, "cloth": cloth_case, "loop_stack": loop_stack_case, "in_place": in_place_case,
+def dual_case():
+    """Forward mode: the dual kernel (ti.export(..., dual=True)) gives dL/dx . seed."""
+    n = 5
+    x = ti.field(ti.f32, shape=n, needs_dual=True, name="x")
+    L = ti.field(ti.f32, shape=(), needs_dual=True, name="L")
+
+    @ti.kernel
+    def energy(s: ti.f32):
+        for i in range(n):
+            L[None] += s * ti.sqrt(x[i] * x[i] + 1.0)
+
+    x0 = np.linspace(-2, 2, n).astype(np.float32)
+    seed = np.linspace(0.5, 1.5, n).astype(np.float32)
+    ops = [{"op": "write", "name": "x", "data": x0.tolist()}, {"op": "write", "name": "L", "data": [0.0]},
+           {"op": "fwd_mode", "loss": "L", "param": "x", "seed": seed.tolist(),
+            "body": [{"op": "run", "kernel": "energy", "args": {"s": 2.0}}]},
+           {"op": "read", "name": "L", "as": "L"}, {"op": "read", "name": "L.dual", "as": "jvp"}]
+    x64 = x0.astype(np.float64)
+    return dict(fields={"x": x, "L": L}, kernels={"energy": energy}, exports=[energy], export_kw={"dual": True},
+                ops=ops, ref={"L": [2 * np.sqrt(x64 ** 2 + 1).sum()], "jvp": [(2 * x64 / np.sqrt(x64 ** 2 + 1) * seed).sum()]},
+                tol="sqrt")
+
+
+CASES = {"dual": dual_case, "gravity": gravity_case, "cloth": cloth_case, "loop_stack": loop_stack_case, "in_place": in_place_case,
          "reduction_0d": reduction_case, "ndarray_and_scalar": ndarray_case}
 
 
@@ -332,7 +367,7 @@ CASES = {"gravity": gravity_case, "cloth": cloth_case, "loop_stack": loop_stack_
 def test_exported_kernels_match_python_and_reference(case, env, tmp_path, chromium):
     B.require(env)
     c = CASES[case]()
-    ti.export(tmp_path / "export", c["exports"])
+    ti.export(tmp_path / "export", c["exports"], **c.get("export_kw", {}))
     py = run_python(c["ops"], c["fields"], c["kernels"])
     js = run_js(env, tmp_path, {"ops": c["ops"]}, chromium)
     scale = c.get("scale", 1)
@@ -402,3 +437,61 @@ def test_default_storage_buffer_limit_is_what_node_and_chromium_give(tmp_path, c
         seen += 1
     if not seen:
         B.require("node")
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_bad_arguments_in_javascript_name_the_kernel_and_argument(env, tmp_path, chromium):
+    c = ndarray_case()
+    ti.export(tmp_path / "export", c["exports"])
+    nd = {"op": "ndarray", "id": "a", "dtype": "f32", "shape": [3], "grad": False}
+    nd2 = {"op": "ndarray", "id": "b", "dtype": "i32", "shape": [3], "grad": False}
+    ops = [nd, nd2,
+           {"op": "error", "call": "run", "kernel": "cubes", "args": {"a": {"nd": "a"}}, "as": "missing"},
+           {"op": "error", "call": "run", "kernel": "cubes", "args": {"a": {"nd": "a"}, "s": 1, "t": 2}, "as": "unknown"},
+           {"op": "error", "call": "run", "kernel": "cubes", "args": {"a": {"nd": "b"}, "s": 1}, "as": "dtype"},
+           {"op": "error", "call": "run", "kernel": "cube", "args": {}, "as": "kernel"},
+           {"op": "error", "call": "grad", "kernel": "cubes", "args": {"a": {"nd": "a"}, "s": 1}, "as": "no_grad"}]
+    js = run_js(env, tmp_path, {"ops": ops}, chromium)
+    assert js["missing"] == "wgpu_ad.js: kernel 'cubes': missing argument 's' (scalar f32)"
+    assert js["unknown"] == "wgpu_ad.js: kernel 'cubes' has no parameter 't'; its parameters: a, s"
+    assert js["dtype"] == ("wgpu_ad.js: kernel 'cubes': argument 'a' must be an ndarray made by "
+                           "prog.ndarray(\"f32\", <1 extents>, {elementShape: []})")
+    assert js["kernel"] == "wgpu_ad.js: no kernel 'cube' in the export; it has cubes"
+    assert js["no_grad"] == "wgpu_ad.js: kernel 'cubes': argument 'a' needs a grad: make it with prog.ndarray(..., {grad: true})"
+
+
+EVAL_DRIVER = """
+import { evaluate } from "./export/wgpu_ad.js";
+export default async function (device, ctx) {
+  return ctx.args.exprs.map((e) => evaluate(e, ctx.args.words));
+}
+"""
+
+
+def test_javascript_evaluates_launch_expressions_as_python_does(tmp_path):
+    """wgpu_ad.js's evaluate() (grid sizes, stack depths) against wgpu_ad/plan.py's, on random
+    expressions over 32-bit words, overflow, negative division and comparisons included."""
+    B.require("node")
+    from wgpu_ad import plan
+    rng = np.random.default_rng(5)
+    words = [int(v) for v in rng.integers(-2 ** 31, 2 ** 31, 6)] + [0, -1, 7, -7]
+    ops2 = ["add", "sub", "mul", "div", "floordiv", "mod", "min", "max", "lt", "le", "gt", "ge", "eq", "ne"]
+
+    def expr(depth):
+        if depth == 0 or rng.random() < 0.3:
+            return ("word", int(rng.integers(len(words)))) if rng.random() < 0.7 else ("const", int(rng.integers(-9, 10)))
+        dt = str(rng.choice(["i32", "u32"]))
+        r = rng.random()
+        if r < 0.15:
+            return (str(rng.choice(["neg", "abs", "cast"])), dt, expr(depth - 1))
+        if r < 0.25:
+            return ("select", dt, expr(depth - 1), expr(depth - 1), expr(depth - 1))
+        return (str(rng.choice(ops2)), dt, expr(depth - 1), expr(depth - 1))
+
+    exprs = [expr(4) for _ in range(300)]
+    want = [int(plan.evaluate(e, words)) for e in exprs]
+    (tmp_path / "export").mkdir()
+    ti.export(tmp_path / "export", [])
+    (tmp_path / "eval.mjs").write_text(EVAL_DRIVER)
+    got = B.run_module("node", tmp_path / "eval.mjs", tmp_path, {"exprs": exprs, "words": words})
+    assert got == want
