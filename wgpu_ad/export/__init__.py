@@ -34,16 +34,33 @@ _LAYOUT = "row-major over shape, element components innermost (matrices row-majo
 
 def export(folder, kernels, *, grad: bool = True, dual: bool = False, limits="browser",
            names: dict | None = None) -> dict:
-    """Write `folder` (created; its old manifest.json and .wgsl files replaced) for wgpu_ad.js.
+    """Write kernels, their gradients and the fields they use as a folder a browser runs.
 
-    kernels: a list (or a dict by exported name) of entries, each a @ti.kernel without arguments
-    or with scalar arguments only, or a tuple (kernel, example_args) for kernels with ndarray,
-    template or vector arguments (ndarrays fix dtype, element shape and ndim, not the extents;
-    templates are compiled in). grad: export each kernel's adjoint where something it touches has
-    a gradient; dual: its dual kernel (forward mode) where something has a dual. limits: "browser"
-    (WebGPU's default limits, BROWSER_LIMITS) or a dict of limit names to values of the devices you
-    target. names: {name: field} for fields created without name= whose Python name is not found.
-    Returns the manifest (a dict)."""
+    The folder gets one WGSL module per task (the compiler's own shaders, compiled without float
+    atomics or subgroups), `manifest.json` (its format: `wgpu_ad/export/FORMAT.md`) and `wgpu_ad.js`,
+    which a page imports: `const prog = await load(device, folderUrl); await prog.run("step", {dt});`.
+
+        ti.export("site/sim", [substep, compute_loss, (init, (positions_ndarray,))], grad=True)
+
+    Args:
+        folder: the folder to write (created; its old manifest.json and .wgsl files are replaced).
+        kernels: a list of entries, or a dict {exported name: entry}. An entry is a `@ti.kernel`
+            whose parameters are scalars, or a tuple `(kernel, example_args)` for one with ndarray,
+            template or vector parameters (an ndarray fixes dtype, element shape and ndim, not the
+            extents; templates are compiled in).
+        grad: also export each kernel's adjoint, where something it touches has a gradient.
+        dual: also export each kernel's dual kernel (forward mode), where something has a dual.
+        limits: "browser" (WebGPU's default limits, what a page gets without asking) or a dict
+            {limit name: value} of the devices you target (the page must request them). A task
+            over a limit is an ExportError naming the kernel, the task, the limit and the count.
+        names: {name: field} for fields created without `name=` that no kernel reads through a
+            variable (a field's name is its `name=`, else that variable's name).
+
+    Returns:
+        The manifest, as written to manifest.json.
+
+    The browser runs each kernel's forward and adjoint as they are; the data access rules a tape
+    checks in Python are not checked there (run the program under `ti.ad.Tape` in Python first)."""
     entries = _entries(kernels)
     lim = _limits.resolve(limits)
     os.makedirs(folder, exist_ok=True)
