@@ -170,8 +170,8 @@ def test_export_errors_say_what_to_do(tmp_path):
     assert "xs" in ti.export(tmp_path, [unnamed], names={"xs": fs[0]})["buffers"]  # named here instead
     assert message([clash]) == ("ti.export: two different fields are named 'x'; give them distinct names "
                                 "(name= at creation, or ti.export(..., names={...}))")
-    assert message([takes_array]) == ("ti.export: kernel 'takes_array' has ndarray, template or vector "
-                                      "parameters; pass it as (kernel, example_args)")
+    assert message([takes_array]) == ("ti.export: kernel 'takes_array' has ndarray or template parameters; "
+                                      "pass it as (kernel, example_args)")
     assert message([prints]) == ("ti.export: kernel 'prints' calls print(), which exported kernels do not "
                                  "support; remove the print() calls before exporting it")
     assert message([unnamed, unnamed], names={"xs": fs[0]}) == (
@@ -192,3 +192,18 @@ def test_export_leaves_the_session_options_as_they_were(tmp_path):
 
     ti.export(tmp_path, [k])
     assert ti.compile_options() == before
+
+
+def test_exported_shaders_are_the_ones_python_runs_with_the_same_options(tmp_path):
+    """The export serialises the compiler's output, it does not generate its own: with the portable
+    options set in the session, every task file is the WGSL a launch in Python uses."""
+    from wgpu_ad.export import PORTABLE
+    x, v, L, loss, cubes = _two_kernels()
+    arr = ti.ndarray(ti.f32, 7, needs_grad=True)
+    m = ti.export(tmp_path, [loss, (cubes, (arr, 1.0))])
+    ti.set_compile_options(**PORTABLE)
+    for name, args in (("loss", (1.0, 2)), ("cubes", (arr, 1.0))):
+        kernel = {"loss": loss, "cubes": cubes}[name]
+        for program, grad in (("forward", False), ("grad", True)):
+            files = [(tmp_path / t["file"]).read_text() for t in m["kernels"][name][program]["tasks"]]
+            assert "\n".join(files) == kernel.get_wgsl(*args, grad=grad), (name, program)

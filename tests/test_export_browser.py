@@ -86,7 +86,8 @@ def run_python(ops: list, fields: dict, kernels: dict) -> dict:
                 st = target(op)
                 st.from_numpy(np.asarray(op["data"], np.float32).reshape(tuple(st.shape) + tuple(st.element_shape)))
             elif kind == "run":
-                r = kernels[op["kernel"]](**args_of(op.get("args")))
+                args = {k: ti.Vector(v) if isinstance(v, list) else v for k, v in args_of(op.get("args")).items()}
+                r = kernels[op["kernel"]](**args)
                 if op.get("as"):
                     out[op["as"]] = r
             elif kind == "grad":
@@ -358,7 +359,29 @@ def dual_case():
                 tol="sqrt")
 
 
-CASES = {"dual": dual_case, "gravity": gravity_case, "cloth": cloth_case, "loop_stack": loop_stack_case, "in_place": in_place_case,
+def vector_arg_case():
+    """A vector argument (its components are uniform words) and a matrix field (row-major elements)."""
+    n = 3
+    p = ti.Vector.field(2, ti.f32, shape=n, name="p")
+    M = ti.Matrix.field(2, 2, ti.f32, shape=n, name="M")
+
+    @ti.kernel
+    def shift(d: ti.types.vector(2, ti.f32), s: ti.f32):
+        for i in range(n):
+            p[i] = p[i] * s + d
+            M[i] = p[i].outer_product(d)
+
+    p0 = np.arange(2 * n, dtype=np.float32).reshape(n, 2)
+    d, s = np.array([0.5, -2.0]), 3.0
+    ops = [{"op": "write", "name": "p", "data": p0.ravel().tolist()},
+           {"op": "run", "kernel": "shift", "args": {"d": d.tolist(), "s": s}},
+           {"op": "read", "name": "p", "as": "p"}, {"op": "read", "name": "M", "as": "M"}]
+    p1 = p0 * s + d
+    return dict(fields={"p": p, "M": M}, kernels={"shift": shift}, exports=[shift], ops=ops,
+                ref={"p": p1.ravel(), "M": np.einsum("ij,k->ijk", p1, d).ravel()}, tol="arith")
+
+
+CASES = {"dual": dual_case, "vector_arg": vector_arg_case, "gravity": gravity_case, "cloth": cloth_case, "loop_stack": loop_stack_case, "in_place": in_place_case,
          "reduction_0d": reduction_case, "ndarray_and_scalar": ndarray_case}
 
 

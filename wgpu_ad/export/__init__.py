@@ -14,8 +14,11 @@ import json
 import os
 import shutil
 
+import numpy as np
+
 from .. import session as _session
 from ..lang.kernel import Kernel
+from ..types import to_dtype
 from . import limits as _limits
 from .limits import BROWSER_LIMITS, ExportError
 from .program import Names, program
@@ -45,9 +48,9 @@ def export(folder, kernels, *, grad: bool = True, dual: bool = False, limits="br
     Args:
         folder: the folder to write (created; its old manifest.json and .wgsl files are replaced).
         kernels: a list of entries, or a dict {exported name: entry}. An entry is a `@ti.kernel`
-            whose parameters are scalars, or a tuple `(kernel, example_args)` for one with ndarray,
-            template or vector parameters (an ndarray fixes dtype, element shape and ndim, not the
-            extents; templates are compiled in).
+            whose parameters are scalars or vectors, or a tuple `(kernel, example_args)` for one
+            with ndarray or template parameters (an ndarray fixes dtype, element shape and ndim,
+            not the extents; templates are compiled in).
         grad: also export each kernel's adjoint, where something it touches has a gradient.
         dual: also export each kernel's dual kernel (forward mode), where something has a dual.
         limits: "browser" (WebGPU's default limits, what a page gets without asking) or a dict
@@ -155,10 +158,7 @@ def _entries(kernels) -> list:
             raise ExportError(f"ti.export: an entry must be a @ti.kernel or a tuple (kernel, example_args), "
                               f"got {type(e).__name__}")
         if args is None:
-            if any(not _scalar_param(k, n) for n in range(len(k.params))):
-                raise ExportError(f"ti.export: kernel '{k.__name__}' has ndarray, template or vector parameters; "
-                                  f"pass it as (kernel, example_args)")
-            args = tuple(0 for _ in k.params)
+            args = tuple(_example(k, n) for n in range(len(k.params)))
         name = name or k.__name__
         if name in seen:
             raise ExportError(f"ti.export: two entries are named '{name}'; pass a dict {{name: entry}} to "
@@ -168,13 +168,18 @@ def _entries(kernels) -> list:
     return out
 
 
-def _scalar_param(k, n: int) -> bool:
-    from ..types import to_dtype
+def _example(k, n: int):
+    """An example value of a scalar or vector parameter (its value does not change the code)."""
+    from ..types import MatrixType, VectorType
+    ann = k.anns[n]
+    if isinstance(ann, (VectorType, MatrixType)):
+        return np.zeros(ann.shape).tolist()
     try:
-        to_dtype(k.anns[n])
-        return True
+        to_dtype(ann)
+        return 0
     except (TypeError, ValueError):
-        return False
+        raise ExportError(f"ti.export: kernel '{k.__name__}' has ndarray or template parameters; "
+                          f"pass it as (kernel, example_args)") from None
 
 
 def _global_name(st, globals_seen: list) -> str | None:
