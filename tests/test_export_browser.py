@@ -518,3 +518,42 @@ def test_javascript_evaluates_launch_expressions_as_python_does(tmp_path):
     (tmp_path / "eval.mjs").write_text(EVAL_DRIVER)
     got = B.run_module("node", tmp_path / "eval.mjs", tmp_path, {"exprs": exprs, "words": words})
     assert got == want
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_an_overflowing_loop_stack_is_reported_at_the_next_read(env, tmp_path, chromium):
+    """A data-dependent loop runs longer than its autodiff stack holds (ad_stack_size): the adjoint
+    reports it in the error buffer, and wgpu_ad.js throws the compiler's message at the next read,
+    as wgpu_ad raises it in Python."""
+    ti.set_compile_options(ad_stack_size=4)
+    a = ti.field(ti.f32, shape=2, needs_grad=True, name="a")
+    L = ti.field(ti.f32, shape=(), needs_grad=True, name="L")
+
+    @ti.kernel
+    def grow():
+        for i in range(2):
+            t = a[i]
+            while t < 100.0:
+                t = t * 1.5 + 1.0
+            L[None] += t
+
+    ti.export(tmp_path / "export", [grow])
+    ops = [{"op": "write", "name": "a", "data": [1.0, 2.0]},
+           {"op": "tape", "loss": "L", "body": [{"op": "run", "kernel": "grow"}]},
+           {"op": "error", "call": "read", "kernel": "a.grad", "as": "overflow"},
+           {"op": "read", "name": "L", "as": "after"}]  # reported once; the next read goes through
+    js = run_js(env, tmp_path, {"ops": ops}, chromium)
+    line = grow.fn.__code__.co_firstlineno + 4
+    assert js["overflow"] == (
+        f"wgpu_ad.js: the adjoint of kernel 'grow': the serial loop at {__file__}:{line} ran more than 4 "
+        f"iterations in one thread, more than its autodiff stack holds; raise the limit with "
+        f"ti.init(ad_stack_size=...) (it is 4)")
+    t = np.array([1.0, 2.0])
+    while (t < 100).any():
+        t = np.where(t < 100, t * 1.5 + 1.0, t)
+    np.testing.assert_allclose(js["after"], [t.sum()], rtol=1e-6)
+    with pytest.raises(ti.KernelRuntimeError, match="more than its autodiff stack holds"):
+        a.from_numpy(np.array([1.0, 2.0], np.float32))
+        with ti.ad.Tape(loss=L):
+            grow()
+        a.grad.to_numpy()

@@ -119,7 +119,7 @@ class Program {
     this._arrays = new Set();   // live ndarray gradients (clearGradients zeroes them)
     this._last = {};            // kernel -> its latest forward launch (what .grad() reads)
     this._tape = null;          // the launches a tape records
-    this._asserting = new Set(); // kernels with asserts launched since the last check
+    this._asserting = new Map(); // programs with asserts launched since the last check -> what they are
     this._seed = 0;
   }
 
@@ -387,7 +387,10 @@ class Program {
       if (stack) wg = Math.max(1, Math.min(wg, Math.floor(this.maxScratch / (stack * 4 * t.workgroup_size))));
     }
     if (stack) this._stack((t.serial ? 1 : wg * t.workgroup_size) * stack * 4, kernel);
-    if (p.asserts.length) this._asserting.add(p);
+    if (p.asserts.length) {
+      const k = this.kernels[kernel];
+      this._asserting.set(p, p === k.grad ? `the adjoint of kernel '${kernel}'` : p === k.dual ? `the dual kernel of '${kernel}'` : `kernel '${kernel}'`);
+    }
     const entries = t.bindings.map((b) => {
       let buffer;
       if (b.kind === "args") return { binding: b.binding, resource: { buffer: p._uniform, offset: 0, size: p.uniform.bytes } };
@@ -417,12 +420,22 @@ class Program {
     if (!this._asserting.size) return;
     const ran = [...this._asserting];
     this._asserting.clear();
-    const words = new Uint32Array((await this._readBytes(this.errorBuffer, this.errorBuffer.size)).buffer);
+    const bytes = await this._readBytes(this.errorBuffer, this.errorBuffer.size);
+    const words = new Uint32Array(bytes.buffer);
     if (!words[0]) return;
     this.device.queue.writeBuffer(this.errorBuffer, 0, new Uint32Array(ERROR_WORDS + 1));
-    const p = ran.find((q) => q.asserts.length >= words[0]) ?? ran[0];
+    // the launches since the last check share the error buffer: name the first that has such an assert
+    const [p, what] = ran.find(([q]) => q.asserts.length >= words[0]) ?? ran[0];
     const a = p.asserts[words[0] - 1];
-    throw new Error(`wgpu_ad.js: a kernel failed a check: ${a ? a.message : `assert #${words[0]}`} (values ${[...words.slice(1, 1 + (a ? a.dtypes.length : 0))].join(", ")})`);
+    if (!a) throw new Error(`wgpu_ad.js: ${what} failed assert #${words[0]}`);
+    const view = new DataView(bytes.buffer);
+    let k = 0;
+    const message = a.message.replace(/\{[^}]*\}/g, () => {
+      k += 1;
+      const dt = a.dtypes[k - 1];
+      return String(dt === "f32" ? view.getFloat32(4 * k, true) : dt === "i32" ? view.getInt32(4 * k, true) : words[k]);
+    });
+    throw new Error(`wgpu_ad.js: ${what}: ${message}`);
   }
 
   _nextSeed() {  // splitmix32, as the Python runtime's next_seed (seed 0)
