@@ -55,8 +55,20 @@ export default async function (device, ctx) {
     try { await load(device, new URL("export/", ctx.base)); out.loadError = null; } catch (e) { out.loadError = String(e.message); }
     return out;
   }
+  const errors = [];
+  if (ctx.args.subgroups) {  // a device of our own, with the feature (the harness's has none)
+    // the harness's adapter made its device: a new one (node: the `webgpu` package by its file URL)
+    const gpu = ctx.env === "node" ? (await import(ctx.args.webgpu)).create([]) : navigator.gpu;
+    const adapter = await gpu.requestAdapter();
+    if (!adapter.features.has("subgroups")) return { noSubgroups: true };
+    device = await adapter.requestDevice({ requiredFeatures: ["subgroups"] });
+    device.onuncapturederror = (e) => errors.push(e.error.message);
+  }
   const prog = await load(device, new URL("export/", ctx.base));
+  out.variant = prog.variant;
   await exec(ctx.args.ops);
+  await device.queue.onSubmittedWorkDone();
+  if (errors.length) throw new Error("WebGPU errors: " + errors.join("\\n"));
   return out;
 }
 """
@@ -385,14 +397,14 @@ CASES = {"dual": dual_case, "vector_arg": vector_arg_case, "gravity": gravity_ca
          "reduction_0d": reduction_case, "ndarray_and_scalar": ndarray_case}
 
 
-@pytest.mark.parametrize("env", ENVS)
-@pytest.mark.parametrize("case", list(CASES))
-def test_exported_kernels_match_python_and_reference(case, env, tmp_path, chromium):
-    B.require(env)
+def check_case(env, tmp_path, chromium, case: str, subgroups: bool = False):
     c = CASES[case]()
-    ti.export(tmp_path / "export", c["exports"], **c.get("export_kw", {}))
+    m = ti.export(tmp_path / "export", c["exports"], subgroups=subgroups, **c.get("export_kw", {}))
     py = run_python(c["ops"], c["fields"], c["kernels"])
-    js = run_js(env, tmp_path, {"ops": c["ops"]}, chromium)
+    webgpu = (B.HARNESS / "node_modules" / "webgpu" / "index.js").as_uri()
+    js = run_js(env, tmp_path, {"ops": c["ops"], "subgroups": subgroups, "webgpu": webgpu}, chromium)
+    if js.get("noSubgroups"):
+        pytest.skip(f"{env}'s adapter has no 'subgroups' feature")
     scale = c.get("scale", 1)
     for key, ref in c["ref"].items():
         pick = c.get("pick", {}).get(key, slice(None))
@@ -401,6 +413,30 @@ def test_exported_kernels_match_python_and_reference(case, env, tmp_path, chromi
         close(got_py, ref, c["tol"], scale)       # wgpu_ad in Python against the float64 reference
         close(got_js, ref, c["tol"], scale)       # wgpu_ad.js against it
         close(got_js, got_py, c["tol"], scale)    # and the two runtimes against each other
+    return m, js
+
+
+@pytest.mark.parametrize("env", ENVS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_exported_kernels_match_python_and_reference(case, env, tmp_path, chromium):
+    B.require(env)
+    m, js = check_case(env, tmp_path, chromium, case)
+    assert js["variant"] == "portable"
+
+
+@pytest.mark.parametrize("env", ENVS)
+@pytest.mark.parametrize("case", ["gravity", "cloth"])
+def test_the_subgroup_variant_where_the_device_has_the_feature(case, env, tmp_path, chromium):
+    """ti.export(..., subgroups=True): kernels whose atomic adds a subgroup sums first get a variant
+    (with `enable subgroups;`), which wgpu_ad.js runs on a device with the feature, with the same results."""
+    B.require(env)
+    m, js = check_case(env, tmp_path, chromium, case, subgroups=True)
+    assert m["optional_features"] == ["subgroups"]
+    assert js["variant"] == "subgroups"
+    variant = next(k["variants"]["subgroups"] for k in m["kernels"].values() if "variants" in k)
+    code = [(tmp_path / "export" / t["file"]).read_text() for p in ("forward", "grad") if variant[p]
+            for t in variant[p]["tasks"]]
+    assert any(c.startswith("enable subgroups;\ndiagnostic(off, subgroup_uniformity);\n") for c in code)
 
 
 def over_limit_case():

@@ -21,7 +21,7 @@ from ..lang.kernel import Kernel
 from ..types import to_dtype
 from . import limits as _limits
 from .limits import BROWSER_LIMITS, ExportError
-from .program import Names, program
+from .program import Names, program, uses_subgroups
 
 __all__ = ["export", "ExportError", "BROWSER_LIMITS", "FORMAT_VERSION", "PORTABLE"]
 
@@ -36,7 +36,7 @@ _LAYOUT = "row-major over shape, element components innermost (matrices row-majo
 
 
 def export(folder, kernels, *, grad: bool = True, dual: bool = False, limits="browser",
-           names: dict | None = None) -> dict:
+           names: dict | None = None, subgroups: bool = False) -> dict:
     """Write kernels, their gradients and the fields they use as a folder a browser runs.
 
     The folder gets one WGSL module per task (the compiler's own shaders, compiled without float
@@ -58,6 +58,9 @@ def export(folder, kernels, *, grad: bool = True, dual: bool = False, limits="br
             over a limit is an ExportError naming the kernel, the task, the limit and the count.
         names: {name: field} for fields created without `name=` that no kernel reads through a
             variable (a field's name is its `name=`, else that variable's name).
+        subgroups: also write, for kernels whose code then differs, a variant with subgroup
+            operations (atomic adds summed per subgroup first), which wgpu_ad.js runs on a device
+            with the "subgroups" feature (requested by the page); the portable form stays the default.
 
     Returns:
         The manifest, as written to manifest.json.
@@ -119,10 +122,11 @@ def export(folder, kernels, *, grad: bool = True, dual: bool = False, limits="br
     with s.options_changed(**PORTABLE):
         for name, k, args in entries:
             globals_seen.append((name, getattr(k.fn, "__globals__", {})))
-            out_kernels[name] = _kernel(k, name, args, folder, names_, lim, grad, dual)
+            out_kernels[name] = _kernel(k, name, args, folder, names_, lim, grad, dual, subgroups)
     manifest = {
         "format": "wgpu_ad-export", "version": FORMAT_VERSION,
         "features": sorted(features),
+        "optional_features": ["subgroups"] if any("variants" in k for k in out_kernels.values()) else [],
         "limits": lim, "required_limits": _limits.required(lim),
         "buffers": buffers, "kernels": out_kernels,
         "dispatch": DISPATCH_RULE,
@@ -192,24 +196,48 @@ def _global_name(st, globals_seen: list) -> str | None:
     return None
 
 
-def _kernel(k, name: str, args: tuple, folder: str, names: Names, lim: dict, grad: bool, dual: bool) -> dict:
+def _kernel(k, name: str, args: tuple, folder: str, names: Names, lim: dict, grad: bool, dual: bool,
+            subgroups: bool) -> dict:
+    out = _programs(k, name, args, folder, names, lim, grad, dual, "")
+    if subgroups:  # the optional variant: the same kernels with subgroup operations
+        with _session.current().options_changed(subgroups=True):
+            variant = _programs(k, name, args, folder, names, lim, grad, dual, ".subgroups")
+        tasks = [t for p in ("forward", "grad", "dual") if variant[p] for t in variant[p]["tasks"]]
+        if any(uses_subgroups(_read(os.path.join(folder, t["file"]))) for t in tasks):
+            out["variants"] = {"subgroups": {"feature": "subgroups", **variant}}
+        else:
+            for t in tasks:  # nothing of the kernel uses them: the portable programs serve
+                os.remove(os.path.join(folder, t["file"]))
+    return out
+
+
+def _programs(k, name: str, args: tuple, folder: str, names: Names, lim: dict, grad: bool, dual: bool,
+              variant: str) -> dict:
+    """The forward, grad and dual programs of a kernel under the session's options, their call sequences."""
     from ..compiler.driver import dual_sources, grad_sources
     lc, specs, _rt = k._get(args)
     storages = lc.compiled.storages
     out = {
         "params": [_param(sp) for sp in specs],
-        "forward": program(lc.ck, storages, specs, names, folder, f"{name}.forward", "forward", lim, name),
+        "forward": program(lc.ck, storages, specs, names, folder, f"{name}{variant}.forward", "forward", lim, name),
         "grad": None, "dual": None,
     }
     if grad and not k._no_grad and any(isinstance(g, _field_or_arg()) for g in grad_sources(lc.compiled, specs)):
         g = k._get_grad(args)[0]
-        out["grad"] = program(g.ck, storages, specs, names, folder, f"{name}.grad", "grad", lim, name)
+        out["grad"] = program(g.ck, storages, specs, names, folder, f"{name}{variant}.grad", "grad", lim, name)
     if dual and any(d is not None for d in dual_sources(lc.compiled, specs)):
         d = k._get_dual(args)[0]
         if d is not lc:
-            out["dual"] = program(d.ck, storages, specs, names, folder, f"{name}.dual", "dual", lim, name)
+            out["dual"] = program(d.ck, storages, specs, names, folder, f"{name}{variant}.dual", "dual", lim, name)
     out["call"] = _call_sequence(out)
+    if variant:
+        del out["params"]
     return out
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def _field_or_arg():

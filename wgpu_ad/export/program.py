@@ -73,9 +73,20 @@ def _expr(e):
     return None if e is None else list(_expr(x) if isinstance(x, tuple) else x for x in e)
 
 
+# what a browser needs before a module that calls subgroup builtins: the extension, and the
+# uniformity analysis of subgroup builtins off (the helper calls them where control flow depends
+# on the thread; naga, wgpu-py's compiler, rejects both lines, so Python's modules lack them)
+SUBGROUP_HEADER = "enable subgroups;\ndiagnostic(off, subgroup_uniformity);\n"
+
+
+def uses_subgroups(wgsl: str) -> bool:
+    return "subgroupBroadcastFirst(" in wgsl or "subgroupAdd(" in wgsl
+
+
 def program(ck, storages: list, specs: list, names: Names, folder: str, stem: str, role: str,
             lim: dict, kernel: str) -> dict:
-    """The JSON record of one compiled kernel; writes its tasks' WGSL as `stem.<task>.wgsl`."""
+    """The JSON record of one compiled kernel; writes its tasks' WGSL as `stem.<task>.wgsl`
+    (with SUBGROUP_HEADER first where a task calls subgroup builtins)."""
     p = ck.plan
     what = {"forward": f"kernel '{kernel}'", "grad": f"the adjoint of kernel '{kernel}'",
             "dual": f"the forward-mode (dual) kernel of '{kernel}'"}[role]
@@ -93,7 +104,7 @@ def program(ck, storages: list, specs: list, names: Names, folder: str, stem: st
             word(plan.PrintTag(), specs, kernel)  # raises: print() is not exported
         file = f"{stem}.{n}.wgsl"
         with open(os.path.join(folder, file), "w", encoding="utf-8") as f:
-            f.write(t.wgsl)
+            f.write(SUBGROUP_HEADER + t.wgsl if uses_subgroups(t.wgsl) else t.wgsl)
         tasks.append({
             "name": t.name, "file": file, "entry_point": t.entry_point, "workgroup_size": t.workgroup_size,
             "serial": bool(tp.serial), "storage_buffers": nstorage,

@@ -6,7 +6,10 @@
  *   import { load } from "./wgpu_ad.js";
  *   const adapter = await navigator.gpu.requestAdapter();
  *   const device = await adapter.requestDevice();        // default limits are enough (ti.export checked)
- *   const prog = await load(device, new URL("./export/", import.meta.url));   // folder URL, or {fetch}
+ *   const prog = await load(device, new URL("./export/", import.meta.url));   // the folder's URL
+ *   // options: {read: async (file) => text} instead of fetch; {subgroups: false}: the portable shaders
+ *   // even where the export has a subgroup variant and the device the "subgroups" feature
+ *   prog.variant                              // "subgroups" where that variant runs, else "portable"
  *
  * Fields (by the name in the manifest; "x.grad" and "x.dual" are the companions):
  *   prog.write("x", typedArray | number[])   // flat, row-major over the shape, components innermost;
@@ -65,10 +68,23 @@ export async function load(device, base, options = {}) {
     if (!(device.limits[k] >= v)) throw new Error(`wgpu_ad.js: the export needs ${k} >= ${v}, the device has ${device.limits[k]}; request it in requestDevice({requiredLimits: {${k}: ${v}}})`);
   }
   const files = new Set();
-  for (const k of Object.values(manifest.kernels)) for (const p of programs(k)) for (const t of p.tasks) files.add(t.file);
+  const useSub = options.subgroups !== false && device.features.has("subgroups");
+  for (const k of Object.values(manifest.kernels)) {
+    const v = useSub && k.variants && k.variants.subgroups;
+    for (const p of programs(v || k)) for (const t of p.tasks) files.add(t.file);
+  }
   const texts = {};
   await Promise.all([...files].map(async (f) => { texts[f] = await read(f); }));
+  // the subgroup variant of a kernel, where exported (ti.export(..., subgroups=True)), on a device with the feature
   const prog = new Program(device, manifest);
+  prog.variant = "portable";
+  for (const k of Object.values(manifest.kernels)) {
+    const v = k.variants && k.variants.subgroups;
+    if (useSub && v) {
+      Object.assign(k, { forward: v.forward, grad: v.grad, dual: v.dual, call: v.call });
+      prog.variant = "subgroups";
+    }
+  }
   await prog._build(texts);
   return prog;
 }
