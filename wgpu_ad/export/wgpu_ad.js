@@ -67,6 +67,7 @@ export async function load(device, base, options = {}) {
   for (const [k, v] of Object.entries(manifest.required_limits)) {
     if (!(device.limits[k] >= v)) throw new Error(`wgpu_ad.js: the export needs ${k} >= ${v}, the device has ${device.limits[k]}; request it in requestDevice({requiredLimits: {${k}: ${v}}})`);
   }
+  // the subgroup variant of a kernel, where exported (ti.export(..., subgroups=True)), on a device with the feature
   const files = new Set();
   const useSub = options.subgroups !== false && device.features.has("subgroups");
   for (const k of Object.values(manifest.kernels)) {
@@ -75,7 +76,6 @@ export async function load(device, base, options = {}) {
   }
   const texts = {};
   await Promise.all([...files].map(async (f) => { texts[f] = await read(f); }));
-  // the subgroup variant of a kernel, where exported (ti.export(..., subgroups=True)), on a device with the feature
   const prog = new Program(device, manifest);
   prog.variant = "portable";
   for (const k of Object.values(manifest.kernels)) {
