@@ -44,6 +44,7 @@ def test_manifest_lists_buffers_words_tasks_and_sequences(tmp_path):
     assert (tmp_path / "wgpu_ad.js").read_text().startswith("/**\n * wgpu_ad.js")
     assert m["format"] == "wgpu_ad-export" and m["version"] == FORMAT_VERSION
     assert m["limits"] == BROWSER_LIMITS and m["required_limits"] == {} and m["features"] == []
+    assert [step["op"] for step in m["tape"]] == ["zero", "zero", "record", "fill", "grad"]
     assert m["buffers"]["x"] == {
         "dtype": "f32", "shape": [3, 5], "element_shape": [], "scalars": 15, "bytes": 60, "padded_bytes": 64,
         "layout": "row-major over shape, element components innermost (matrices row-major), no gaps",

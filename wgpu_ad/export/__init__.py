@@ -130,6 +130,7 @@ def export(folder, kernels, *, grad: bool = True, dual: bool = False, limits="br
         "limits": lim, "required_limits": _limits.required(lim),
         "buffers": buffers, "kernels": out_kernels,
         "dispatch": DISPATCH_RULE,
+        "tape": TAPE,
     }
     with open(os.path.join(folder, "manifest.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)
@@ -145,6 +146,14 @@ DISPATCH_RULE = (
     "stack.words + sum(uniform[w] for w in stack.plus_uniform_words) > 0 binds a scratch buffer of "
     "threads * s * 4 bytes (threads = 1 if serial else workgroups * workgroup_size), workgroups first "
     "lowered to floor(134217728 / (s * 4 * workgroup_size)) (at least 1)")
+
+
+# a tape (ti.ad.Tape(loss), wgpu_ad.js prog.tape(loss, body)), in order
+TAPE = [{"op": "zero", "target": "every buffer whose role is grad, and every ndarray gradient"},
+        {"op": "zero", "target": "loss"},
+        {"op": "record", "what": "each call.forward run in the body, with its snapshots and scratch buffers"},
+        {"op": "fill", "target": "loss.grad", "value": 1},
+        {"op": "grad", "what": "call.grad of each recorded launch, the last first, with its own snapshots and scratch"}]
 
 
 def _entries(kernels) -> list:
