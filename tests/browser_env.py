@@ -45,7 +45,9 @@ HARNESS_URL = "/__harness__/"                             # where the server mou
 
 CHROMIUM_FLAGS = (
     "--headless=new", "--no-sandbox",   # CI runs as root in a container
-    "--enable-unsafe-webgpu",           # WebGPU on Linux, here on SwiftShader (Vulkan on the CPU)
+    # WebGPU on Linux, here on SwiftShader (Vulkan on the CPU); it ran with and without --disable-gpu
+    # (Chromium 156), and --use-angle=vulkan hangs
+    "--enable-unsafe-webgpu",
     "--disable-dev-shm-usage",          # containers have a small /dev/shm
     # the network is closed: no background connections (they are refused and logged as errors)
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
