@@ -199,6 +199,22 @@ def test_the_page_draws_the_particles(server, chromium, tmp_path):
         page.close()
 
 
+def test_without_webgpu_the_page_says_what_is_missing(server, chromium):
+    B.require("chromium")
+    page = chromium.new_page(680, 800)
+    try:
+        # a browser without WebGPU: navigator.gpu is undefined before the page's scripts run
+        page.call("Page.addScriptToEvaluateOnNewDocument", {"source": "delete Navigator.prototype.gpu;"})
+        page.goto(server.url + "index.html")
+        with pytest.raises(B.BrowserError, match="This browser has no WebGPU"):
+            page.evaluate("demo.ready")
+        shown = page.wait_for("document.getElementById('error').textContent", timeout=10)
+        assert shown.startswith("This browser has no WebGPU (navigator.gpu is undefined). Chrome and Edge 113+")
+        assert page.evaluate("document.getElementById('stats').textContent") == "stopped"
+    finally:
+        page.close()
+
+
 PICTURES = [EXAMPLE.parent / "images" / "browser.png", EXAMPLE.parents[1] / "docs" / "images" / "browser.png"]
 
 
