@@ -262,7 +262,9 @@ class Chromium:
         message = {"id": ident, "method": method, "params": params or {}}
         if session:
             message["sessionId"] = session
-        os.write(self._out, json.dumps(message).encode() + b"\0")
+        data = memoryview(json.dumps(message).encode() + b"\0")
+        while data:  # a pipe may take a long message in parts
+            data = data[os.write(self._out, data):]
         deadline = time.monotonic() + timeout
         while True:
             reply = self._read(deadline, method)
@@ -351,9 +353,8 @@ class Page:
             text = d.get("exception", {}).get("description") or d.get("text", "")
             self.console.append(f"exception: {text} ({d.get('url', '')}:{d.get('lineNumber', 0) + 1})")
         elif method == "Log.entryAdded":
-            e = params["entry"]
-            level = "error" if e["level"] == "error" else e["level"]
-            self.console.append(f"{level}: [{e['source']}] {e['text']} {e.get('url', '')}".rstrip())
+            e = params["entry"]  # the browser's own messages: a failed request, a WebGPU warning
+            self.console.append(f"{e['level']}: [{e['source']}] {e['text']} {e.get('url', '')}".rstrip())
         elif method == "Page.loadEventFired":
             self._loaded = True
 
