@@ -47,12 +47,11 @@ def load_build():
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """What `python examples/browser/build.py` and `python -m http.server -d examples/browser` serve,
-    in a copy (the export is not committed: it is the compiler's output of the day)."""
+    """`python examples/browser/build.py --out SITE/export` (the export is not committed: it is the
+    compiler's output of the day), and a copy of gravity.js beside it for node."""
     root = tmp_path_factory.mktemp("site")
-    for f in ("index.html", "main.js", "gravity.js"):
-        shutil.copy(EXAMPLE / f, root)
     load_build().main(["--out", str(root / "export")])
+    shutil.copy(EXAMPLE / "gravity.js", root)
     return root
 
 
@@ -98,7 +97,9 @@ def python_run(x0, v0, k: int, dt: float):
 
 @pytest.fixture(scope="module")
 def server(site):
-    with B.Server({"/": site}) as server:
+    """examples/browser itself, with the fresh export at /export/ (as `python -m http.server -d
+    examples/browser` serves it after build.py)."""
+    with B.Server({"/": EXAMPLE, "/export/": site / "export"}) as server:
         yield server
 
 
