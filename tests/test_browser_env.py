@@ -177,3 +177,22 @@ def test_bad_arguments_are_named(tmp_path):
         B.run_module("firefox", tmp_path / "a" / "m.mjs", tmp_path / "a")
     with pytest.raises(ValueError, match="limits must be 'default' or 'adapter', not 'max'"):
         B.run_module("node", tmp_path / "a" / "m.mjs", tmp_path / "a", limits="max")
+
+
+def test_a_swiftshader_without_its_json_gets_one_written(tmp_path, monkeypatch):
+    # Debian's package extracted (dpkg -x) rather than installed, or a build without the json:
+    # the library alone is found through WGPU_AD_SWIFTSHADER and node runs on it
+    B.require("node")
+    installed = B.swiftshader_icd()
+    lib = json.loads(installed.read_text())["ICD"]["library_path"]
+    lib = (installed.parent / lib).resolve()
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libvk_swiftshader.so").symlink_to(lib)
+    monkeypatch.setenv("WGPU_AD_SWIFTSHADER", str(tmp_path / "lib"))
+    icd = B.swiftshader_icd.__wrapped__()
+    assert icd.parent != tmp_path / "lib" and icd.name == "vk_swiftshader_icd.json"
+    assert json.loads(icd.read_text())["ICD"]["library_path"] == str(tmp_path / "lib" / "libvk_swiftshader.so")
+    monkeypatch.setattr(B, "swiftshader_icd", lambda: icd)
+    (tmp_path / "site").mkdir()
+    out = run("node", tmp_path / "site", SAXPY, {"a": 2.0, "b": 1.0, "x": [1.0, 2.0, 3.0]})
+    assert out["y"].tolist() == [3.0, 5.0, 7.0]
