@@ -163,6 +163,10 @@ def test_the_demo_runs_the_python_kernels_and_their_adjoint_with_pythons_values(
     assert np.abs(x_py - x0).max() > 1e-4  # the particles moved: the comparison is not of the start
 
 
+def mouse(page, kind: str, x: float, y: float, **more) -> None:
+    page.call("Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y, "button": "left", "clickCount": 1, **more})
+
+
 def test_a_click_adds_a_particle_where_it_lands(server, chromium):
     B.require("chromium")
     page = open_demo(chromium, server, "?paused=1&n=16")
@@ -170,14 +174,27 @@ def test_a_click_adds_a_particle_where_it_lands(server, chromium):
         box = page.evaluate("(() => { const r = document.getElementById('view').getBoundingClientRect();"
                             " return [r.x, r.y, r.width, r.height]; })()")
         x, y = box[0] + 0.25 * box[2], box[1] + 0.75 * box[3]  # at (0.25, 0.25) in simulation units (y up)
-        for kind in ("mousePressed", "mouseReleased"):
-            page.call("Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y, "button": "left", "clickCount": 1})
+        mouse(page, "mousePressed", x, y)
+        mouse(page, "mouseReleased", x, y)
         n = page.wait_for("demo.sim.n === 17 && demo.sim.n", timeout=10)
         state = page.evaluate("demo.serial(async () => { const s = await demo.sim.state();"
                               " return { x: Array.from(s.x), v: Array.from(s.v) }; })")
         assert n == 17
         np.testing.assert_allclose(state["x"][-2:], [0.25, 0.25], atol=2 / box[2])  # within 2 pixels
         assert state["v"][-2:] == [0.0, 0.0]  # a click without a drag: at rest
+
+        # a drag throws one: pressed at (0.25, 0.25), released at (0.75, 0.25); its velocity is the
+        # drag times 2 sqrt(n), n = 17 before it
+        x2 = box[0] + 0.75 * box[2]
+        mouse(page, "mousePressed", x, y)
+        mouse(page, "mouseMoved", x2, y, buttons=1)
+        mouse(page, "mouseReleased", x2, y)
+        page.wait_for("demo.sim.n === 18", timeout=10)
+        state = page.evaluate("demo.serial(async () => { const s = await demo.sim.state();"
+                              " return { x: Array.from(s.x), v: Array.from(s.v) }; })")
+        np.testing.assert_allclose(state["x"][-2:], [0.25, 0.25], atol=2 / box[2])
+        speed = 2 * np.sqrt(17)
+        np.testing.assert_allclose(state["v"][-2:], [0.5 * speed, 0.0], atol=2 / box[2] * speed)
         assert not page.errors(), "\n".join(page.console)
     finally:
         page.close()

@@ -9,6 +9,11 @@ const N0 = number("n", 256), SUBSTEPS = number("substeps", 10), SEED = number("s
 
 const canvas = document.getElementById("view");
 const ctx2d = canvas.getContext("2d");
+// sharp on high-density screens: as many canvas pixels as device pixels, drawn in CSS pixels
+const dpr = window.devicePixelRatio || 1;
+canvas.width = canvas.height = Math.round(640 * dpr);
+ctx2d.scale(dpr, dpr);
+const SIZE = 640;  // the drawing's size in CSS pixels
 const stats = document.getElementById("stats");
 const view = { paused: options.get("paused") === "1", arrows: options.get("arrows") === "1", drag: null };
 
@@ -82,7 +87,7 @@ function togglePause() {
 }
 
 // canvas pixels <-> simulation units: [0, 1]^2, y up (as wgpu_ad's viewer)
-const px = (x, y) => [x * canvas.width, (1 - y) * canvas.height];
+const px = (x, y) => [x * SIZE, (1 - y) * SIZE];
 function toSim(e) {
   const r = canvas.getBoundingClientRect();
   return [(e.clientX - r.left) / r.width, 1 - (e.clientY - r.top) / r.height];
@@ -90,14 +95,14 @@ function toSim(e) {
 
 function draw(s) {
   ctx2d.fillStyle = "#0b1d2a";
-  ctx2d.fillRect(0, 0, canvas.width, canvas.height);
+  ctx2d.fillRect(0, 0, SIZE, SIZE);
   // blue at rest, orange from the speed of an orbit at the disc's edge up
   const vRef = 3 * Math.sqrt(Math.max(s.n, 1)), fRef = Math.max(s.n, 1);
   for (let i = 0; i < s.n; i++) {
     const [x, y] = px(s.x[2 * i], s.x[2 * i + 1]);
     if (view.arrows) {  // the force -dU/dx, its length saturating (as examples/gravity.py --arrows)
       const fx = -s.grad[2 * i], fy = -s.grad[2 * i + 1];
-      const f = Math.hypot(fx, fy) + 1e-12, len = 0.03 * f / (f + fRef) * canvas.width;
+      const f = Math.hypot(fx, fy) + 1e-12, len = 0.03 * f / (f + fRef) * SIZE;
       ctx2d.strokeStyle = "#ff8a65";
       ctx2d.beginPath();
       ctx2d.moveTo(x, y);
