@@ -2,7 +2,7 @@
 index.html): its page runs the Python-written gravity kernels and compute_U's adjoint in headless
 Chromium with the values of the same substeps run by wgpu_ad in Python, and with the analytic
 float64 forces; node + `webgpu` runs the same gravity.js as the fast check; a click adds a particle
-where it lands; the page draws.
+where it lands and a drag throws it; the page draws; without WebGPU it says what is missing.
 
     python tests/test_browser_demo.py --screenshot   # the picture of the README and docs/browser.md
 """
@@ -242,15 +242,12 @@ def test_the_docs_show_the_readmes_picture():
 
 
 def screenshot(paths, query: str = "?arrows=1&n=192", seconds: float = 90) -> None:
-    """The README's picture: the page after `seconds` of its run (SwiftShader: about 130 frames), forces drawn."""
+    """The README's picture: the page after `seconds` of its run (on SwiftShader about 100 frames), forces drawn."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp, B.Chromium() as browser:
-        root = Path(tmp)
-        for f in ("index.html", "main.js", "gravity.js"):
-            shutil.copy(EXAMPLE / f, root)
-        load_build().main(["--out", str(root / "export")])
-        with B.Server({"/": root}) as srv:
+        load_build().main(["--out", str(Path(tmp) / "export")])
+        with B.Server({"/": EXAMPLE, "/export/": Path(tmp) / "export"}) as srv:
             page = open_demo(browser, srv, query)
             page.wait_for(f"demo.sim && performance.now() > {1000 * seconds}", timeout=seconds + 60, poll=1.0)
             page.screenshot(paths[0], selector="main")
