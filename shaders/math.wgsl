@@ -28,7 +28,8 @@ fn pow_f32(x: f32, y: f32) -> f32 {
         return m;
     }
     if floor(y) != y {
-        return bitcast<f32>(0x7fc00000u);
+        let nan_bits = 0x7fc00000u;  // (a constant NaN is an error in Chrome's WGSL: bits_f32 below)
+        return bitcast<f32>(nan_bits);
     }
     let odd = abs(y) < 16777216.0f && fract(y * 0.5f) != 0.0f;
     return select(m, -m, odd);
@@ -102,7 +103,8 @@ fn asinh_f32(x: f32) -> f32 {
 // log(x) + log 2 where x^2 would overflow; NaN below 1.
 fn acosh_f32(x: f32) -> f32 {
     if !(x >= 1.0f) {
-        return bitcast<f32>(0x7fc00000u);
+        let nan_bits = 0x7fc00000u;
+        return bitcast<f32>(nan_bits);
     }
     if x > 1e18f {
         return log(x) + 0.6931472f;
@@ -120,7 +122,9 @@ fn atanh_f32(x: f32) -> f32 {
     if a < 1.0f {
         r = 0.5f * log1p_f32(2.0f * a / (1.0f - a));
     } else {
-        r = select(bitcast<f32>(0x7fc00000u), bitcast<f32>(0x7f800000u), a == 1.0f);
+        let nan_bits = 0x7fc00000u;
+        let inf_bits = 0x7f800000u;
+        r = select(bitcast<f32>(nan_bits), bitcast<f32>(inf_bits), a == 1.0f);
     }
     return select(r, -r, x < 0.0f);
 }
@@ -210,4 +214,12 @@ fn atan_f32(x: f32) -> f32 {
     let r = base + (((((0.0805374449538f * z - 0.138776856032f) * z + 0.199777106478f) * z
         - 0.333329491539f) * z) * t + t);
     return select(r, -r, x < 0.0f);
+}
+
+//! snippet bits_f32
+// The f32 with these bits: how generated code spells a NaN or an infinity. A call of a function is
+// not a constant expression; a bitcast of a constant is one, and WGSL rejects a constant that is
+// not finite (Chrome and Dawn refuse the shader; naga lets it pass).
+fn bits_f32(bits: u32) -> f32 {
+    return bitcast<f32>(bits);
 }

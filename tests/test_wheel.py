@@ -34,7 +34,7 @@ def expected_files() -> set[str]:
     for dest, folder in SOURCES.items():
         for path in folder.rglob("*"):
             rel = path.relative_to(folder)
-            if path.suffix not in (".py", ".wgsl") or "__pycache__" in rel.parts:
+            if path.suffix not in (".py", ".wgsl", ".js") or "__pycache__" in rel.parts:  # .js: wgpu_ad.js
                 continue
             if dest == "wgpu_ad" and rel.parts[0] in ("shaders", "viewer"):
                 continue  # a copy laid out inside the checkout (benchmarks/gpu_check.sh): not a source

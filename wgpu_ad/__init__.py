@@ -7,6 +7,7 @@ import sys as _sys
 from . import ad
 from .ad import Tape, clear_all_gradients, grad_for, grad_replaced, no_grad
 from .compiler import CompileOptions
+from .export import ExportError, export
 from .errors import (AutodiffUsageError, CompileError, DataAccessRuleError, GpuError, GradientDTypeError,
                      KernelArgError, KernelAssertionError, KernelRuntimeError, KernelZeroDivisionError,
                      NotDifferentiableError, TorchGradWarning, Float64Error, Float64Warning, UnsupportedError, WgpuAdError)

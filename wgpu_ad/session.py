@@ -16,6 +16,7 @@ fields, the viewer's pipelines) registers with `on_close` once, at import.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
@@ -111,6 +112,21 @@ class Session:
         self._user_options.update(changes)
         self._options = None
         return self.options
+
+    @contextlib.contextmanager
+    def options_changed(self, **changes):
+        """A context in which kernels compile with these options on top of the session's (ti.export
+        compiles the portable form), the session's own options back afterwards."""
+        check_changes(changes)
+        saved_user, saved = dict(self._user_options), self._options
+        self._user_options.update(changes)
+        self._options = None
+        try:
+            yield self.options
+        finally:
+            self._user_options.clear()
+            self._user_options.update(saved_user)
+            self._options = saved
 
     def sync(self) -> None:
         if self._runtime is not None:

@@ -50,7 +50,7 @@ def _float_literal(v: float, npt, suffix: str) -> str:
         x = npt(v)  # out of range becomes inf, as the cast on the GPU would
     if math.isnan(x) or math.isinf(x):
         bits = 0x7FC00000 if math.isnan(x) else (0x7F800000 if x > 0 else 0xFF800000)
-        f = f"bitcast<f32>({bits:#010x}u)"
+        f = f"bits_f32({bits:#010x}u)"  # not a constant expression (shaders/math.wgsl bits_f32)
         return f if suffix == "f" else f"f16({f})"
     if x == 0 and math.copysign(1.0, float(x)) < 0:
         return f"(-0.0{suffix})"
@@ -205,7 +205,7 @@ ALU: dict[Op, Spelling | Callable[[Stmt, list[str]], str]] = {
 
 # helper functions of shaders/math.wgsl that spellings may call; one a helper calls comes after it
 MATH_HELPERS = ("floordiv_i32", "mod_i32", "pow_f32", "pow_i32", "pow_u32", "asinh_f32", "acosh_f32",
-                "atanh_f32", "tanh_f32", "log_f32", "log1p_f32", "expm1_f32", "atan2_f32", "atan_f32")
+                "atanh_f32", "tanh_f32", "log_f32", "log1p_f32", "expm1_f32", "atan2_f32", "atan_f32", "bits_f32")
 
 
 def spell(s: Stmt, operands: list[str]) -> str | None:
