@@ -208,3 +208,27 @@ def test_exported_shaders_are_the_ones_python_runs_with_the_same_options(tmp_pat
         for program, grad in (("forward", False), ("grad", True)):
             files = [(tmp_path / t["file"]).read_text() for t in m["kernels"][name][program]["tasks"]]
             assert "\n".join(files) == kernel.get_wgsl(*args, grad=grad), (name, program)
+
+
+def test_a_kernel_that_uses_gradients_is_exported_without_one(tmp_path):
+    """Forces from the adjoint (gravity's advance reads x.grad): such a kernel can have no gradient
+    of its own, so grad=True exports it forward-only instead of refusing the export; the kernel the
+    tape differentiates keeps its gradient."""
+    x = ti.field(ti.f32, shape=4, needs_grad=True, name="x")
+    v = ti.field(ti.f32, shape=4, name="v")
+    U = ti.field(ti.f32, shape=(), needs_grad=True, name="U")
+
+    @ti.kernel
+    def energy():
+        for i in x:
+            U[None] += x[i] ** 2
+
+    @ti.kernel
+    def advance():
+        for i in x:
+            v[i] -= 0.1 * x.grad[i]
+            x[i] += 0.1 * v[i]
+
+    m = ti.export(tmp_path, [energy, advance])
+    assert m["kernels"]["advance"]["grad"] is None and m["kernels"]["advance"]["call"]["grad"] is None
+    assert m["kernels"]["energy"]["grad"] is not None

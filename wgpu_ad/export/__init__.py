@@ -51,7 +51,9 @@ def export(folder, kernels, *, grad: bool = True, dual: bool = False, limits="br
             whose parameters are scalars or vectors, or a tuple `(kernel, example_args)` for one
             with ndarray or template parameters (an ndarray fixes dtype, element shape and ndim,
             not the extents; templates are compiled in).
-        grad: also export each kernel's adjoint, where something it touches has a gradient.
+        grad: also export each kernel's adjoint, where something it touches has a gradient (a
+            kernel that itself reads or writes gradients, such as an optimiser step or forces
+            from the adjoint, is exported without one: none can be derived).
         dual: also export each kernel's dual kernel (forward mode), where something has a dual.
         limits: "browser" (WebGPU's default limits, what a page gets without asking) or a dict
             {limit name: value} of the devices you target (the page must request them). A task
@@ -231,7 +233,9 @@ def _programs(k, name: str, args: tuple, folder: str, names: Names, lim: dict, g
         "forward": program(lc.ck, storages, specs, names, folder, f"{name}{variant}.forward", "forward", lim, name),
         "grad": None, "dual": None,
     }
-    if grad and not k._no_grad and any(isinstance(g, _field_or_arg()) for g in grad_sources(lc.compiled, specs)):
+    uses_grads = any(getattr(o, "is_grad", False) for o in storages)  # its own gradient cannot be derived
+    if grad and not k._no_grad and not uses_grads and \
+            any(isinstance(g, _field_or_arg()) for g in grad_sources(lc.compiled, specs)):
         g = k._get_grad(args)[0]
         out["grad"] = program(g.ck, storages, specs, names, folder, f"{name}{variant}.grad", "grad", lim, name)
     if dual and any(d is not None for d in dual_sources(lc.compiled, specs)):

@@ -259,7 +259,7 @@ class Program {
 
   async grad(kernel, args = {}) {
     const k = this._kernel(kernel);
-    if (!k.grad) throw new Error(`wgpu_ad.js: kernel '${kernel}' was exported without a gradient (nothing it touches had needs_grad=True, or grad=False)`);
+    if (!k.grad) throw new Error(`wgpu_ad.js: kernel '${kernel}' was exported without a gradient (nothing it touches had needs_grad=True, it reads or writes gradients itself, or grad=False)`);
     const vals = this._args(kernel, k, args);
     const last = this._last[kernel];
     if ((k.forward.snapshots.length || k.forward.scratch.length) && !last) {
