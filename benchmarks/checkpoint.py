@@ -19,12 +19,10 @@ entry is checked against the float64 NumPy reference of workloads/cloth.py.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import time
+
+from benchmarks import child
 
 SCHEDULES = ("revolve", "bisect", "sqrt", "store_all")
 
@@ -167,17 +165,7 @@ def measure_taichi(p: dict, reps: int, arch: str) -> dict:
 
 
 def _subprocess(call: str, timeout: float) -> dict:
-    code = f"import json, benchmarks.checkpoint as c; print('RESULT ' + json.dumps({call}))"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"no result in {timeout:.0f} s"}
-    line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if r.returncode != 0 or line is None:
-        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"error": tail[0]}
-    return json.loads(line[len("RESULT "):])
+    return child.run("benchmarks.checkpoint", call.replace("c.", "m.", 1), timeout)
 
 
 def measure(quick: bool, reps: int | None, steps: int | None = None, n: int | None = None,

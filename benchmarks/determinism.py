@@ -17,11 +17,11 @@ larger cases in deterministic mode with a clear error: those rows say so instead
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
+
+from benchmarks import child
 
 
 def cases(quick: bool) -> list[tuple[str, dict]]:
@@ -73,16 +73,7 @@ def measure_here(quick: bool, reps: int) -> dict:
 
 def measure(quick: bool, reps: int | None) -> dict:
     """Run measure_here in a fresh process."""
-    reps = reps or (1 if quick else 7)
-    code = (f"import json; from benchmarks.determinism import measure_here; "
-            f"print('RESULT ' + json.dumps(measure_here({quick!r}, {reps})))")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=1800)
-    line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if r.returncode != 0 or line is None:
-        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"error": tail[0]}
-    return json.loads(line[len("RESULT "):])
+    return child.run("benchmarks.determinism", f"m.measure_here({quick!r}, {reps or (1 if quick else 7)})")
 
 
 def block(res: dict) -> str:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+from benchmarks import child
 
 
 def params(quick: bool) -> dict:
@@ -96,16 +97,8 @@ def measure_here(p: dict, reps: int) -> dict:
 def measure(quick: bool, reps: int | None) -> dict:
     """Run measure_here in a fresh process (torch stays out of the driver); an 'error' without torch."""
     p = params(quick)
-    reps = reps or (2 if quick else 21)
-    code = (f"import json; from benchmarks.torch_bridge import measure_here; "
-            f"print('RESULT ' + json.dumps(measure_here({p!r}, {reps})))")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=900)
-    line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if r.returncode != 0 or line is None:
-        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"params": p, "error": tail[0]}
-    return json.loads(line[len("RESULT "):])
+    out = child.run("benchmarks.torch_bridge", f"m.measure_here({p!r}, {reps or (2 if quick else 21)})", timeout=900)
+    return {"params": p, **out} if "error" in out else out
 
 
 def block(t: dict) -> str:
