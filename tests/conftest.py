@@ -59,3 +59,15 @@ def fresh_runtime():
     wgpu_ad.reset()
     yield
     wgpu_ad.reset()
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """One headless Chromium for the browser tests (tests/browser_env.py), or None where there is
+    none (those tests then skip, or fail under WGPU_AD_REQUIRE_BROWSER=1)."""
+    import browser_env
+    if browser_env.chromium_skip_reason():
+        yield None
+        return
+    with browser_env.Chromium() as browser:
+        yield browser

@@ -55,15 +55,6 @@ def site(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="module")
-def chromium():
-    if B.chromium_skip_reason():
-        yield None
-        return
-    with B.Chromium() as browser:
-        yield browser
-
-
 def initial_state(n: int, seed: int = 7):
     """A disc of n particles turning slowly: float32, as the page holds it."""
     rng = np.random.default_rng(seed)

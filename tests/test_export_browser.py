@@ -116,15 +116,6 @@ def run_python(ops: list, fields: dict, kernels: dict) -> dict:
     return out
 
 
-@pytest.fixture(scope="module")
-def chromium():
-    if B.chromium_skip_reason():
-        yield None
-        return
-    with B.Chromium() as browser:
-        yield browser
-
-
 def run_js(env: str, tmp_path, args: dict, chromium=None, limits: str = "default") -> dict:
     B.require(env)
     (tmp_path / "driver.mjs").write_text(DRIVER)
