@@ -232,3 +232,27 @@ def test_a_kernel_that_uses_gradients_is_exported_without_one(tmp_path):
     m = ti.export(tmp_path, [energy, advance])
     assert m["kernels"]["advance"]["grad"] is None and m["kernels"]["advance"]["call"]["grad"] is None
     assert m["kernels"]["energy"]["grad"] is not None
+
+
+def test_get_wgsl_of_one_task_is_a_module_webgpu_compiles():
+    """A kernel of two top-level loops is two WGSL modules: get_wgsl(task=k) gives one, which
+    wgpu-py compiles as it is; a task out of range is an IndexError naming the count."""
+    a = ti.field(ti.f32, shape=8)
+    s = ti.field(ti.f32, shape=())
+
+    @ti.kernel
+    def two_loops():
+        for i in a:
+            a[i] = i * 2.0
+        for i in a:
+            s[None] += a[i]
+
+    both = two_loops.get_wgsl()
+    parts = [two_loops.get_wgsl(task=k) for k in range(2)]
+    assert both == "\n".join(parts) and parts[0] != parts[1]
+    device = ti.get_runtime().device
+    for code in parts:
+        device.create_shader_module(code=code)
+    with pytest.raises(IndexError, match=r"two_loops.get_wgsl\(task=2\): the kernel has 2 tasks \(0 to 1\)"):
+        two_loops.get_wgsl(task=2)
+

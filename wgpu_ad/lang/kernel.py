@@ -382,14 +382,23 @@ class Kernel:
         from ..ir.printer import format_kernel
         return format_kernel(self._get(args)[0].ir)
 
-    def get_wgsl(self, *args, grad: bool = False, checked: bool = False, dual: bool = False) -> str:
-        """The generated WGSL of every task of the kernel (or of its adjoint, with checked=True of its
-        checked forward variant when it has one, with dual=True of its dual kernel) for these
-        arguments."""
+    def get_wgsl(self, *args, grad: bool = False, checked: bool = False, dual: bool = False,
+                 task: int | None = None) -> str:
+        """The generated WGSL of the kernel (or of its adjoint, with checked=True of its checked
+        forward variant when it has one, with dual=True of its dual kernel) for these arguments.
+        Each task (a top-level loop or serial block) is a WGSL module of its own: the text holds
+        them one after another, each starting with its `// wgpu_ad kernel ..., task k` line;
+        task=k gives task k's module alone, which a WebGPU device compiles as it is."""
         lc = (self._get_grad(args) if grad else self._get_dual(args) if dual else self._get(args))[0]
         if checked and lc.plan.shadowed:
             lc = _session.autodiff().checked_variant(self, lc)
-        return "\n".join(t.wgsl for t in lc.ck.tasks)
+        tasks = lc.ck.tasks
+        if task is not None:
+            if not (isinstance(task, int) and -len(tasks) <= task < len(tasks)):
+                raise IndexError(f"{self.__name__}.get_wgsl(task={task!r}): the kernel has {len(tasks)} "
+                                 f"task{'s' if len(tasks) != 1 else ''} (0 to {len(tasks) - 1})")
+            return tasks[task].wgsl
+        return "\n".join(t.wgsl for t in tasks)
 
     def get_grad_ir(self, *args) -> str:
         """The optimised IR of the kernel's adjoint for these arguments."""
@@ -446,8 +455,8 @@ class BoundKernel:
     def get_ir(self, *args) -> str:
         return self.kernel.get_ir(self.obj, *args)
 
-    def get_wgsl(self, *args, grad: bool = False) -> str:
-        return self.kernel.get_wgsl(self.obj, *args, grad=grad)
+    def get_wgsl(self, *args, grad: bool = False, task: int | None = None) -> str:
+        return self.kernel.get_wgsl(self.obj, *args, grad=grad, task=task)
 
     def get_grad_ir(self, *args) -> str:
         return self.kernel.get_grad_ir(self.obj, *args)
