@@ -32,7 +32,7 @@ from .lang.ndarray import Ndarray, ndarray
 from .lang.snode import i, ij, ijk, ijkl, j, k, l, root
 from .runtime import amdgpu, cpu, cuda, dx12, gpu, metal, opengl, vulkan
 from .runtime.adapter import AdapterEntry, list_adapters, worker_device
-from .session import compile_options, set_compile_options, sync
+from .session import compile_options, runtime_stats, set_compile_options, sync
 from .session import runtime as get_runtime
 from .types import f16, f32, float16, float32, i32, int32, u32, uint32
 

@@ -253,6 +253,11 @@ def autodiff():
     return provider
 
 
+def runtime_stats() -> dict:
+    """ti.runtime_stats(): the GPU objects alive (runtime/device.py Runtime.stats)."""
+    return current().runtime.stats()
+
+
 def ad() -> AdContext:
     """The autodiff context of the open session."""
     return current().ad
@@ -272,4 +277,4 @@ def _flush_prints(rt: Runtime | None) -> None:
 atexit.register(lambda: _flush_prints(_state["session"]._runtime if _state["session"] else None))
 
 __all__ = ["AdContext", "Session", "current", "open_session", "close", "on_close", "generation", "runtime",
-           "sync", "compile_options", "set_compile_options", "ad", "use_autodiff", "autodiff", "made_before_fork"]
+           "sync", "compile_options", "set_compile_options", "runtime_stats", "ad", "use_autodiff", "autodiff", "made_before_fork"]

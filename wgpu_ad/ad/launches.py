@@ -254,18 +254,20 @@ class _Wrote:
     it wrote in one of them, computed only when kernel.grad() asks (a launch pays for an append).
     Storages are held weakly (the log lives on them); None once one is gone."""
 
-    __slots__ = ("lc", "held")
+    __slots__ = ("footprint", "held")
 
     def __init__(self, lc: Launcher, args: tuple):
-        self.lc = lc
+        # (not the Launcher: a long-lived storage's log would keep it, and the fields it names, alive)
+        self.footprint = lc.footprint_plan
         self.held = args if all(type(a) in _PLAIN for a in args) else tuple(
             weakref.ref(a) if isinstance(a, _storage.Storage) else a for a in args)
 
     def indices(self, st) -> list | None:
         live = tuple(a() if isinstance(a, weakref.ref) else a for a in self.held)
-        if any(v is None for v in live):
+        found = None if any(v is None for v in live) else self.footprint.of(live)
+        if found is None:  # a storage it named is gone: assume it wrote every element
             return None
-        return [idx for obj, kind, idx in self.lc.footprint(live) if obj is st and kind not in ("load", "load_before")]
+        return [idx for obj, kind, idx in found if obj is st and kind not in ("load", "load_before")]
 
 
 def _note_versions(k, lc, args, s) -> None:

@@ -6,6 +6,8 @@ closures once per compiled kernel, so a launch is a few list operations and one 
 """
 from __future__ import annotations
 
+import weakref
+
 import struct
 from typing import Callable
 
@@ -77,6 +79,7 @@ class Launcher:
         self.plan = p = ck.plan
         self.specs = specs
         self.pack = _packer(ck.name, p.words, specs, p.prints)
+        self.footprint_plan = Footprint(p, self.pack, compiled.storages)
         self.bounds = [_bounds(t) for t in p.tasks]
         self.storage = [storage_getter(src, compiled.storages, len(specs), len(p.scratch), len(p.shadows))
                         for src in p.buffers]
@@ -135,14 +138,43 @@ class Launcher:
     def footprint(self, args) -> list[tuple]:
         """(storage, kind, index) per access; index: per dimension an int where every thread
         uses the same index (computed from these arguments), else None."""
-        vals = self.word_values(args)
+        return self.footprint_plan.of(args)
+
+
+class Footprint:
+    """What Launcher.footprint needs, holding the kernel's storage table weakly: the write logs of
+    long-lived storages keep it (ad/launches.py _Wrote) without keeping the Launcher and the
+    fields it names alive (issue 25). A field that is gone is left out of of() (no live storage is
+    it); of() is None when the gradient or dual of one is named (they may outlive it)."""
+
+    __slots__ = ("plan", "pack", "storages")
+
+    def __init__(self, p: plan.LaunchPlan, pack, storages: list):
+        self.plan, self.pack = p, pack
+        self.storages = [_weak(st) for st in storages]
+
+    def of(self, args) -> list[tuple] | None:
+        storages = [r() for r in self.storages]
+        vals = self.pack.unpack(self.pack(args, _NoSeed()))
         out = []
         for acc in self.plan.accesses:
-            obj = storage_getter(acc.source, self.compiled.storages)(args)
+            src = acc.source
+            if isinstance(src, (plan.Field, plan.FieldGrad, plan.FieldDual)) and storages[src.index] is None:
+                if isinstance(src, plan.Field):
+                    continue  # a field that is gone: not the live storage a caller asks about
+                return None  # the gradient or dual of one (which may live on): not known
+            obj = storage_getter(src, storages)(args)
             idx = tuple(None if d is None else int(sum(c * (1 if w is None else vals[w]) for w, c in d))
                         for d in acc.dims)
             out.append((obj, acc.kind, idx))
         return out
+
+
+def _weak(obj) -> Callable:
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # (not a storage: held as it is)
+        return lambda: obj
 
 
 class _NoSeed:

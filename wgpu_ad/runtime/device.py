@@ -125,3 +125,13 @@ class Runtime(Transfers, Batching, ErrorChecks):
     @random_position.setter
     def random_position(self, n: int) -> None:
         self._seed_counter = int(n)
+
+    def stats(self) -> dict:
+        """What holds memory now (ti.runtime_stats()): the wgpu buffers, bind groups and compute
+        pipelines alive in this process (wgpu-py's counts, every device), the bytes of those
+        buffers, and what this runtime's pipeline cache holds. Read after gc.collect() for exact
+        counts: objects in reference cycles wait for the collector."""
+        counts = wgpu.diagnostics.object_counts.get_dict()
+        return {"buffers": counts["Buffer"]["count"], "buffer_bytes": counts["Buffer"].get("resource_mem", 0),
+                "bind_groups": counts["BindGroup"]["count"], "pipelines": counts["ComputePipeline"]["count"],
+                "cached": self._pipelines.counts()}
