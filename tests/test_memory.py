@@ -133,3 +133,32 @@ def test_a_write_whose_kernel_is_gone_still_guards_kernel_grad(fresh):
         square.grad()
     assert "square.grad(): kernel 'square' read field 'x' when it ran, and kernel 'w2' wrote it since" \
         in str(e.value)
+
+
+@ti.kernel
+def weighted_sum(w: ti.template(), x: ti.template(), loss: ti.template()):
+    for i in range(4):
+        loss[None] += w[i] * x[i]
+
+
+def test_fields_passed_as_templates_are_released_and_never_mistaken_for_another(fresh):
+    # every object passed as a ti.template() argument was pinned: 4 MiB per dropped field here.
+    # The specialisations now live on the field; a new field (perhaps at a freed one's address)
+    # gets its own, and the gradient of each cycle must be that of its own weights
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    x.from_numpy(np.arange(4, dtype=np.float32))
+
+    def cycle(c: float):
+        w = ti.field(ti.f32, shape=1 << 20)
+        w.fill(c)
+        loss[None] = 0.0
+        with ti.ad.Tape(loss=loss):
+            weighted_sum(w, x, loss)
+        np.testing.assert_allclose(x.grad.to_numpy(), c)               # d loss / d x_i = w_i
+        assert loss[None] == pytest.approx(c * (0 + 1 + 2 + 3))
+    cycle(1.0)
+    before = _live()
+    for c in range(2, 30):
+        cycle(float(c))
+    assert _live() == before

@@ -46,9 +46,9 @@ class Records:
         # for the latest READ_LOG argument sets; forgot: older ones were dropped (refused then)
         self.read_versions: collections.OrderedDict = collections.OrderedDict()
         self.forgot = False
-        # checked forward variants (passes/autodiff/shadow.py) per forward Launcher id, and per
-        # launch key (_run_key) whether its latest launch was checked
-        self.checked_lc: dict = {}
+        # checked forward variants (passes/autodiff/shadow.py) per forward Launcher (held weakly),
+        # and per launch key (_run_key) whether its latest launch was checked
+        self.checked_lc = weakref.WeakKeyDictionary()
         self.checked_runs: dict = {}
 
 
@@ -148,12 +148,12 @@ def _checked(k, lc) -> Launcher:
     """The checked variant of a forward Launcher whose accesses are not all proven safe for
     reverse mode, compiled on first use."""
     rec = records(k)
-    run = rec.checked_lc.get(id(lc))
+    run = rec.checked_lc.get(lc)
     if run is None:
         from ..compiler.driver import compile_checked
         run = Launcher(compile_checked(lc.compiled, _session.current().options), lc.specs)
         check_binding_limit(run, k.__name__, "checked", _session.runtime())
-        rec.checked_lc[id(lc)] = run
+        rec.checked_lc[lc] = run
         run.shadow_of = [storage_getter(src.of, run.compiled.storages) for src in run.plan.shadows]
     return run
 
@@ -167,9 +167,9 @@ def _run_key(lc, args, external: bool = False) -> tuple:
     with weak references beside them: a storage made later at a freed one's address is another
     key (_was_checked compares the referents)."""
     if external:
-        return (id(lc),), ()
+        return (id(lc),), (weakref.ref(lc),)
     sts = [get(args) for get in lc.loads + lc.writes]
-    return (id(lc), *map(id, sts)), tuple(weakref.ref(st) for st in sts)
+    return (id(lc), *map(id, sts)), (weakref.ref(lc),) + tuple(weakref.ref(st) for st in sts)
 
 
 def _set_checked(k, key: tuple, checked: bool, in_fwd_mode: bool = False) -> None:

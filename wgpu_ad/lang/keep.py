@@ -11,6 +11,8 @@ Everything made before a ti.reset() / ti.init() is dropped: it is gone with the 
 """
 from __future__ import annotations
 
+import weakref
+
 from ..errors import WgpuAdError
 from .. import session as _device
 from ..types import to_dtype
@@ -22,12 +24,13 @@ class LaunchKeep:
         self.name = name             # the kernel's, for messages
         self.snaps: dict = {}        # ids of fields updated in place -> stack of their pre-launch copies
         self.spare: dict = {}        # (dtype, shape, element shape) -> copies an adjoint launch has used
-        # scratch sets per forward Launcher id: for launches no tape records, a stack of per-launch
-        # sets for taped ones, the set of the latest launch, spares
-        self.scratch_own: dict = {}
-        self.scratch_taped: dict = {}
-        self.scratch_last: dict = {}
-        self.scratch_spare: dict = {}
+        # scratch sets per forward Launcher (held weakly: a Launcher goes with the storage it was
+        # specialised for, Kernel._get): for launches no tape records, a stack of per-launch sets
+        # for taped ones, the set of the latest launch, spares
+        self.scratch_own = weakref.WeakKeyDictionary()
+        self.scratch_taped = weakref.WeakKeyDictionary()
+        self.scratch_last = weakref.WeakKeyDictionary()
+        self.scratch_spare = weakref.WeakKeyDictionary()
         self.shadow_spare: dict = {}  # spare shadow buffers by size
         self.generation = None       # the runtime generation all of it belongs to
 
@@ -38,7 +41,7 @@ class LaunchKeep:
         if not lc.plan.scratch:
             return ()
         self.drop_dead()
-        key = id(lc)
+        key = lc
         if taped:
             spare = self.scratch_spare.get(key)
             objs = spare.pop() if spare else self._new_scratch(lc)
@@ -65,7 +68,7 @@ class LaunchKeep:
         those of the latest forward launch; their gradients zeroed."""
         if not lc.plan.scratch:
             return ()
-        key = id(lc)
+        key = lc
         stack = self.scratch_taped.get(key)
         if in_backward and stack:
             objs = stack.pop()
@@ -82,7 +85,7 @@ class LaunchKeep:
         return objs
 
     def recycle_scratch(self, lc, objs: tuple) -> None:
-        key = id(lc)
+        key = lc
         if objs and objs is not self.scratch_own.get(key) and objs is not self.scratch_last.get(key) \
                 and not any(objs is o for o in self.scratch_taped.get(key, ())):
             self.scratch_spare.setdefault(key, []).append(objs)

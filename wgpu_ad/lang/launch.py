@@ -6,6 +6,7 @@ closures once per compiled kernel, so a launch is a few list operations and one 
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 
 import struct
@@ -78,8 +79,13 @@ class Launcher:
         self.ck = ck = compiled.ck
         self.plan = p = ck.plan
         self.specs = specs
-        self.pack = _packer(ck.name, p.words, specs, p.prints)
+        # (the packer reads names and dtypes: without template values, the write logs that keep
+        # it through footprint_plan keep no template object alive)
+        self.pack = _packer(ck.name, p.words, [dataclasses.replace(s, value=None) if s.kind == "template" else s
+                                               for s in specs], p.prints)
         self.footprint_plan = Footprint(p, self.pack, compiled.storages)
+        self.grads: dict = {}  # the adjoints of this forward (Kernel._get_grad), by what they differ in
+        self.duals: dict = {}  # its dual kernels (Kernel._get_dual), by where the duals come from
         self.bounds = [_bounds(t) for t in p.tasks]
         self.storage = [storage_getter(src, compiled.storages, len(specs), len(p.scratch), len(p.shadows))
                         for src in p.buffers]
