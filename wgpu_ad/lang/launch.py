@@ -153,17 +153,17 @@ class Footprint:
     fields it names alive (issue 25). A field that is gone is left out of of() (no live storage is
     it); of() is None when the gradient or dual of one is named (they may outlive it)."""
 
-    __slots__ = ("plan", "pack", "storages")
+    __slots__ = ("accesses", "pack", "storages")
 
     def __init__(self, p: plan.LaunchPlan, pack, storages: list):
-        self.plan, self.pack = p, pack
+        self.accesses, self.pack = p.accesses, pack
         self.storages = [_weak(st) for st in storages]
 
     def of(self, args) -> list[tuple] | None:
         storages = [r() for r in self.storages]
         vals = self.pack.unpack(self.pack(args, _NoSeed()))
         out = []
-        for acc in self.plan.accesses:
+        for acc in self.accesses:
             src = acc.source
             if isinstance(src, (plan.Field, plan.FieldGrad, plan.FieldDual)) and storages[src.index] is None:
                 if isinstance(src, plan.Field):

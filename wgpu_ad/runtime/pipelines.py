@@ -3,15 +3,17 @@
 The pipeline layout is explicit (layout 'auto' cannot declare dynamic uniform offsets): one bind
 group (group 0) whose entries follow task.bindings.
 
-The caches follow Python's lifetimes (issue 25): a kernel's pipelines live while its
-CompiledKernel does (held weakly, found by id and checked to be the same object), a pipeline while
-a kernel uses it, and a cached bind group while every buffer it binds does. A bind group holds its
-buffers on the device, so it must not outlive them; and its key is the ids of its buffers, which a
-later buffer may reuse. So each buffer a cached bind group binds is watched (weakref.finalize): its
-death is noted, and the bind groups that bind it are dropped before the next lookup (purge()).
+The caches follow Python's lifetimes (issue 25): a kernel's pipelines live while its CompiledKernel
+does (held weakly, found by id and checked to be the same object), a pipeline while a kernel uses it
+or it is among the 64 latest used, and a cached bind group while every buffer it binds does. A bind
+group holds its buffers on the device, so it must not outlive them; and its key is the ids of its
+buffers, which a later buffer may reuse. So each buffer a cached bind group binds is watched
+(weakref.finalize): its death is noted, and the bind groups that bind it are dropped before the next
+lookup (purge()).
 """
 from __future__ import annotations
 
+import collections
 import re
 import weakref
 from typing import Callable
@@ -24,6 +26,7 @@ from ..plan import CompiledKernel, CompiledTask
 WGPU_ERRORS = (wgpu.GPUError, wgpu.GPUPipelineError)
 _WGSL_POS = re.compile(r"wgsl:(\d+):(\d+)")
 _BIND_GROUP_CACHE_MAX = 256  # per task: bind groups of live buffers that are no longer used
+_RECENT_PIPELINES = 64       # pipelines kept after their kernels are gone (PipelineCache._recent)
 
 
 def args_block_size(arg_words: int) -> int:
@@ -84,8 +87,11 @@ class PipelineCache:
     def __init__(self, device, uniform_alignment: int):
         self.device = device
         self.align = uniform_alignment
-        # (wgsl, entry) -> _Built, while a kernel's pipelines hold it
+        # (wgsl, entry) -> _Built, while a kernel's pipelines hold it; the latest ones built or
+        # found are also held here, so that a kernel made again (a notebook cell run again, a
+        # kernel defined in a loop) finds its pipelines without the driver compiling them again
         self._by_source: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._recent: collections.OrderedDict = collections.OrderedDict()
         self._kernels: dict[int, KernelPipelines] = {}
         self._users: dict[int, set] = {}  # id(buffer) -> {(TaskPipeline, key)} of the cached bind groups binding it
         # ids of watched buffers and of CompiledKernels that are gone (appended by finalizers, which
@@ -110,6 +116,10 @@ class PipelineCache:
         if hit is None:
             hit = _Built(*self._build(kernel, task))
             self._by_source[key] = hit
+        self._recent[key] = hit
+        self._recent.move_to_end(key)
+        if len(self._recent) > _RECENT_PIPELINES:
+            self._recent.popitem(last=False)
         return hit
 
     def _task(self, ck: CompiledKernel, task: CompiledTask, built: _Built) -> TaskPipeline:
