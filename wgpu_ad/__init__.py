@@ -51,7 +51,8 @@ def init(arch=None, debug: bool = False, device=None, **kwargs):
             read-back), and verify the IR between compiler passes.
         **kwargs: `random_seed=0`, `force_emulated_atomics=False`, `offline_cache=True`,
             `offline_cache_file_path=None`, `ad_stack_size=256` (0: let wgpu_ad choose),
-            `print_ir=False`, `print_wgsl=False`.
+            `print_ir=False`, `print_wgsl=False`, `max_storage_buffers_per_shader_stage=None` (a
+            lower limit than the adapter's, enforced by the device: 10 behaves as a browser).
     """
     from . import session
     compile_opts = {"print_ir": bool(kwargs.pop("print_ir", False)),
@@ -72,7 +73,8 @@ def init(arch=None, debug: bool = False, device=None, **kwargs):
     return s.runtime
 
 
-_RUNTIME_ARGS = ("force_emulated_atomics", "default_fp", "random_seed", "print_buffer_lines")
+_RUNTIME_ARGS = ("force_emulated_atomics", "default_fp", "random_seed", "print_buffer_lines",
+                 "max_storage_buffers_per_shader_stage")
 
 
 def reset():

@@ -209,8 +209,15 @@ _ROLES = {
 
 def binding_limit_error(ck, kernel: str, role: str, rt) -> GpuError | None:
     """The error for a compiled kernel (role: a key of _ROLES) one of whose tasks binds more storage
-    buffers than the device allows, which WebGPU would refuse with its raw validation text; None
-    when every task fits."""
+    buffers than the device allows, or whose arguments are more than a launch can pass, which WebGPU
+    would refuse with its raw validation text; None when it fits."""
+    words, most = ck.arg_words, rt.max_arg_bytes // 4
+    if words > most:
+        what = _ROLES[role][0].format(k=kernel)
+        return GpuError(f"{what} takes {words} words of arguments ({4 * words} bytes), more than one launch can "
+                        f"pass ({most} words: wgpu_ad's argument buffer, and this adapter's "
+                        f"max-storage-buffer-binding-size). Pass large arrays as a ti.ndarray or a field rather than "
+                        f"as ti.types.vector / matrix arguments")
     limit = rt.limits.get("max-storage-buffers-per-shader-stage")
     task = max(ck.tasks, key=lambda t: t.storage_buffers()[0], default=None)
     if limit is None or task is None or task.storage_buffers()[0] <= limit:

@@ -92,7 +92,7 @@ class Batching:
                 except IndexError:
                     raise GpuError(f"kernel '{ck.name}': binding wants buffer #{k} but the launch gave "
                                    f"{len(buffers)} buffers (compiler bug)") from None
-            return {"args": self._ubuf, "error": self.error_buffer, "ret": ret, "stack": self._stack_buf,
+            return {"args": self._ubuf, "args_storage": self._ubuf, "error": self.error_buffer, "ret": ret, "stack": self._stack_buf,
                     "print": self.prints.buffer}[kind]
         return self._pipelines.bind_group(ck.name, tp, key, resolve)
 

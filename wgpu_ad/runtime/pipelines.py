@@ -123,7 +123,7 @@ class PipelineCache:
         return hit
 
     def _task(self, ck: CompiledKernel, task: CompiledTask, built: _Built) -> TaskPipeline:
-        has_args = any(b.kind == "args" for b in task.bindings)
+        has_args = any(b.kind in ("args", "args_storage") for b in task.bindings)
         size = args_block_size(ck.arg_words) if has_args else 0
         step = (size + self.align - 1) // self.align * self.align
         return TaskPipeline(task, built.pipeline, built.layout, size, step)
@@ -133,6 +133,8 @@ class PipelineCache:
         for b in task.bindings:
             if b.kind == "args":
                 buf = {"type": wgpu.BufferBindingType.uniform, "has_dynamic_offset": True}
+            elif b.kind == "args_storage":  # (more words than a uniform binding holds)
+                buf = {"type": wgpu.BufferBindingType.read_only_storage, "has_dynamic_offset": True}
             elif b.kind == "buffer" and b.read_only:
                 buf = {"type": wgpu.BufferBindingType.read_only_storage}
             elif b.kind in ("buffer", "error", "ret", "stack", "print"):
@@ -160,7 +162,7 @@ class PipelineCache:
         for b in tp.task.bindings:
             buf = resolve(b.kind, b.key)
             bufs.append(buf)
-            size = tp.args_size if b.kind == "args" else buf.size
+            size = tp.args_size if b.kind in ("args", "args_storage") else buf.size
             entries.append({"binding": b.binding, "resource": {"buffer": buf, "offset": 0, "size": size}})
         try:
             bg = self.device.create_bind_group(label=tp.task.name, layout=tp.layout, entries=entries)
