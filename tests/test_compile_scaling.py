@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import linecache
 
+import numpy as np
 import pytest
 
 import wgpu_ad as ti
@@ -94,3 +95,37 @@ def test_a_store_that_meets_another_among_many_is_still_refused():
     with pytest.raises(NotDifferentiableError) as e:
         _checked(_kernel(body, {"x": x, "y": y}, "read then written"))
     assert "it reads field 'y' (line 8) and then overwrites what it read (line 302)" in str(e.value)
+
+
+def test_the_access_checks_run_only_for_kernels_a_gradient_may_be_asked_of(monkeypatch):
+    calls = []
+    real = access.check_global_access
+    monkeypatch.setattr(access, "check_global_access", lambda *a, **kw: calls.append(a[0].name) or real(*a, **kw))
+    ti.init(offline_cache=False)
+    x = ti.field(ti.f32, shape=8)
+    y = ti.field(ti.f32, shape=8)
+
+    @ti.kernel
+    def double():
+        for i in x:
+            y[i] = 2.0 * x[i]
+
+    x.fill(1.0)
+    double()
+    assert y.to_numpy()[3] == 2.0 and calls == []  # nothing has a gradient: never analysed
+
+    a = ti.field(ti.f32, shape=8, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def total():
+        for i in a:
+            loss[None] += a[i] * a[i]
+
+    a.fill(3.0)
+    double()  # something has a gradient now, but nothing double reads does and no tape is open
+    assert calls == []
+    with ti.ad.Tape(loss=loss):
+        total()
+    assert "total" in calls and "double" not in calls
+    np.testing.assert_allclose(a.grad.to_numpy(), 6.0)

@@ -319,7 +319,9 @@ class LaunchPlan:
     snapshots: tuple = ()           # forward kernels: sources to copy before a launch (promote.py)
     scratch: tuple = ()             # the kernel's Scratch sources, by index (forward and adjoint)
     prints: tuple = ()              # Print per print() of the kernel: record k of a launch is prints[k]
-    shadowed: tuple = ()            # forward kernels: sources whose accesses a checked launch tracks
+    # forward kernels: sources whose accesses a checked launch tracks; None until the access checks
+    # ran (on first need: compiler/driver.py Compiled.shadowed)
+    shadowed: tuple | None = ()
     shadows: tuple = ()             # a checked forward variant: its Shadow sources, by index
 
     @property

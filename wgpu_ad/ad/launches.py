@@ -67,7 +67,8 @@ def launch_observed(k, args: tuple, s, ad):
         return _launch_dual(k, args, s, ad)
     lc, specs, rt = k._get(args, s)
     tape = ad.tape
-    run = _checked(k, lc) if lc.plan.shadowed and _may_want_grad(lc, args, tape, ad) else lc
+    want = _may_want_grad(lc, args, tape, ad)
+    run = _checked(k, lc) if want and lc.compiled.shadowed else lc
     if tape is not None:
         tape.record(k, args)
         if tape.defer(k, run, args, rt):
@@ -78,7 +79,7 @@ def launch_observed(k, args: tuple, s, ad):
         k._keep.keep_snapshots(lc, args, taped)
     if lc.ck.ret_dtype is not None and ad.host_guard is not None:
         ad.host_guard(k, f"the return value of kernel '{k.__name__}'")
-    if lc.plan.shadowed:
+    if _shadowed(lc, want):
         ret = _launch(k, lc, run, args, k._keep.scratch(lc, taped), rt, _run_key(lc, args))
     else:
         ret = launch(lc, args + k._keep.scratch(lc, taped), rt)
@@ -104,8 +105,9 @@ def launch_external(k, args: tuple, s, ad):
         _before_dual(k, fwd, dev, ad, external=True)
     if lc.snapshots and ad.keep_copies and not k._no_grad:  # no_grad: no adjoint reads them
         k._keep.keep_snapshots(lc, dev, taped)
-    if lc.plan.shadowed and lc is fwd:
-        run = _checked(k, lc) if _may_want_grad(lc, dev, tape, ad) else lc
+    want = lc is fwd and _may_want_grad(lc, dev, tape, ad)
+    if lc is fwd and _shadowed(lc, want):
+        run = _checked(k, lc) if want else lc
         ret = _launch(k, lc, run, dev, k._keep.scratch(lc, taped), rt, _run_key(lc, dev, external=True))
     else:
         ret = launch(lc, dev + k._keep.scratch(fwd, taped), rt)
@@ -130,11 +132,17 @@ def _before_dual(k, lc, args, ad, external: bool = False) -> None:
     checks where tangents stop (fwd.py note_launch); and as the dual kernel checks nothing,
     kernel.grad() must not trust the check of an older launch with these arguments."""
     ad.fwd.note_launch(k.__name__, [get(args) for get in lc.loads], [get(args) for get in lc.writes])
-    if lc.plan.shadowed:
+    if _shadowed(lc, False):
         _set_checked(k, _run_key(lc, args, external), False, in_fwd_mode=True)
 
 
 # ---- run-time access checks (passes/autodiff/shadow.py) -----------------------------------------
+
+def _shadowed(lc, want: bool) -> bool:
+    """Whether forward Launcher lc has accesses a checked launch tracks; the access checks that
+    tell run only once a gradient may be asked for (`want`), or have run already."""
+    return (want or lc.compiled.shadowed_known) and bool(lc.compiled.shadowed)
+
 
 def _may_want_grad(lc, args, tape, ad) -> bool:
     """Whether a gradient may be asked for a forward launch: a tape records it, or something it
@@ -214,7 +222,7 @@ def _launch(k, lc, run, args, scratch: tuple, rt, key: tuple):
 
 def _require_checked(k, lc, args, external: bool = False) -> None:
     """kernel.grad(): refuse unless the latest forward launch with these storages was checked."""
-    if not lc.plan.shadowed:
+    if not lc.compiled.shadowed:
         return
     key = _run_key(lc, args, external)
     if _was_checked(k, key):

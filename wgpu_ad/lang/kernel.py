@@ -392,7 +392,7 @@ class Kernel:
         checked forward variant when it has one, with dual=True of its dual kernel) for these
         arguments."""
         lc = (self._get_grad(args) if grad else self._get_dual(args) if dual else self._get(args))[0]
-        if checked and lc.plan.shadowed:
+        if checked and lc.compiled.shadowed:
             lc = _session.autodiff().checked_variant(self, lc)
         return "\n".join(t.wgsl for t in lc.ck.tasks)
 
