@@ -162,3 +162,42 @@ def test_fields_passed_as_templates_are_released_and_never_mistaken_for_another(
     for c in range(2, 30):
         cycle(float(c))
     assert _live() == before
+
+
+@ti.data_oriented
+class Body:
+    def __init__(self, n: int, c: float):
+        self.w = ti.field(ti.f32, shape=n)
+        self.w.fill(c)
+
+    @ti.kernel
+    def weigh(self, x: ti.template(), loss: ti.template()):
+        for i in range(4):
+            loss[None] += self.w[i] * x[i]
+
+
+def test_data_oriented_objects_are_released_and_copies_get_their_own_kernels(fresh):
+    import copy
+
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    x.from_numpy(np.arange(4, dtype=np.float32))
+
+    def cycle(c: float):
+        body = Body(1 << 20, c)
+        loss[None] = 0.0
+        with ti.ad.Tape(loss=loss):
+            body.weigh(x, loss)
+        np.testing.assert_allclose(x.grad.to_numpy(), c)
+        return body
+    cycle(1.0)
+    before = _live()
+    for c in range(2, 20):
+        cycle(float(c))
+    assert _live() == before
+    body = cycle(3.0)
+    twin = copy.copy(body)  # (shares body's field; gets no kernels from it)
+    assert "_wgpu_ad_specialised" in vars(body) and "_wgpu_ad_specialised" not in vars(twin)
+    loss[None] = 0.0
+    twin.weigh(x, loss)
+    assert loss[None] == pytest.approx(3.0 * 6)

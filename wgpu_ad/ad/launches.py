@@ -26,10 +26,10 @@ import numpy as np
 from .. import plan
 from .. import session as _session
 from ..errors import WgpuAdError
-from ..lang import storage as _storage
 from ..lang.external import EXTERNALS, Externals
 from ..lang.launch import Launcher, check_binding_limit, launch, overlap, storage_getter
 from ..lang.ndarray import Ndarray
+from ..lang.specialised import can_hold
 from ..types import to_dtype
 
 _PLAIN = (int, float, bool)  # argument types that name themselves in keys
@@ -268,7 +268,7 @@ class _Wrote:
         # (not the Launcher: a long-lived storage's log would keep it, and the fields it names, alive)
         self.footprint = lc.footprint_plan
         self.held = args if all(type(a) in _PLAIN for a in args) else tuple(
-            weakref.ref(a) if isinstance(a, _storage.Storage) else a for a in args)
+            weakref.ref(a) if can_hold(a) else a for a in args)  # (storages, data-oriented objects)
 
     def indices(self, st) -> list | None:
         live = tuple(a() if isinstance(a, weakref.ref) else a for a in self.held)

@@ -14,7 +14,7 @@ from ..types import MatrixType, VectorType, to_dtype
 from .external import EXTERNALS, Externals, describe, is_external
 from .launch import Launcher, binding_limit_error, check_binding_limit, launch
 from .keep import LaunchKeep
-from .storage import Storage
+from .specialised import can_hold, specialisations, without_specialisations
 
 
 class Template:
@@ -145,9 +145,9 @@ class Kernel:
         if isinstance(ret, str):
             ret = eval(ret, fn.__globals__)
         self.ret_dtype = None if ret in (inspect.Signature.empty, None) else to_dtype(ret)
-        # specialisations by argument specs, session generation and options; those for a field or
-        # ndarray passed as a template live on it instead (Storage.specialisations), so that they
-        # and it go together; the adjoints and dual kernels live on their forward's Launcher
+        # specialisations by argument specs, session generation and options; those for a field,
+        # ndarray or @ti.data_oriented object passed as a template live on it (specialised.py), so
+        # that they and it go together; the adjoints and dual kernels live on their forward's Launcher
         self._cache: dict = {}
         self._keep = LaunchKeep(fn.__name__)  # scratch, and copies kept for adjoints (keep.py)
         self._ad = None  # autodiff's records of this kernel's launches (ad/launches.py Records)
@@ -186,9 +186,9 @@ class Kernel:
                     key.append(("t", (type(v), v)))
                 else:
                     key.append(("t", id(v)))
-                    if not isinstance(v, Storage):
+                    if not can_hold(v):
                         self._pinned.setdefault(id(v), v)
-                    elif home is None:  # (a storage keeps its own specialisations: _get)
+                    elif home is None:  # (it keeps its own specialisations: _get)
                         home = v
             elif isinstance(ann, NdarrayType) or ann is NdarrayType:
                 specs.append(self._ndarray_spec(p.name, ann, v))
@@ -241,10 +241,10 @@ class Kernel:
                 return hit[2], hit[3], rt
         specs, key, home = self._specs(args)
         full = (key, s.generation, opts)
-        # a storage passed as a template holds the specialisations for it, so that the cycle
-        # storage -> Launcher -> storage goes when the program drops the storage (issue 25); the
+        # a storage or data-oriented object passed as a template holds the specialisations for it,
+        # so that the cycle object -> Launcher -> object goes when the program drops it (issue 25); the
         # other template objects in the key are kept alive by the Launcher, so their ids stay theirs
-        cache = self._cache if home is None else home.specialisations(self)
+        cache = self._cache if home is None else specialisations(home, self)
         lc = cache.get(full)
         if lc is None:
             from ..compiler.driver import compile_kernel
@@ -478,6 +478,8 @@ def data_oriented(cls):
     if not isinstance(cls, type):
         raise WgpuAdError(f"@ti.data_oriented decorates a class, got {type(cls).__name__}")
     cls._data_oriented = True
+    if "__getstate__" not in cls.__dict__:  # (pickles and copies leave out what kernels keep on it)
+        cls.__getstate__ = lambda self: without_specialisations(object.__getstate__(self))
     return cls
 
 

@@ -141,20 +141,7 @@ class Storage(ABC):
         # records the host array, and the backward pass uploads it again
         self.host_copy = False
         self.primal: Storage | None = None
-        self._specialised = None  # kernels' compiled specialisations for it as a template (specialisations())
         _live.add(self)
-
-    def specialisations(self, kernel) -> dict:
-        """`kernel`'s compiled specialisations for this storage passed as a ti.template() argument
-        (lang/kernel.py Kernel._get). They name the storage, so they live on it: both go when the
-        program drops it (issue 25), and with the kernel (the table is weakly keyed by it)."""
-        table = self._specialised
-        if table is None:
-            table = self._specialised = weakref.WeakKeyDictionary()
-        found = table.get(kernel)
-        if found is None:
-            found = table[kernel] = {}
-        return found
 
     # ---- identity -----------------------------------------------------------------------------
 
