@@ -230,3 +230,18 @@ def test_copies_kept_for_fields_updated_in_place_go_with_the_fields(fresh):
     with pytest.raises(WgpuAdError) as e:  # never launched: no copies of the fields before it
         square_in_place.grad(f)
     assert "and none were kept: launch it right before its .grad()" in str(e.value)
+
+
+def test_a_kernel_keeps_no_specialisation_of_a_closed_session():
+    x = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def bump(v: ti.f32):
+        for i in range(4):
+            x[i] += v
+
+    for run in range(3):  # a program that re-initialises, as tests and notebooks do
+        ti.init(offline_cache=False)
+        x = ti.field(ti.f32, shape=4)  # (bump reads this session's x)
+        bump(1.0)
+        assert x[2] == 1.0 and len(bump._cache) == 1

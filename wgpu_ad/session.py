@@ -254,7 +254,10 @@ def autodiff():
 
 
 def runtime_stats() -> dict:
-    """ti.runtime_stats(): the GPU objects alive (runtime/device.py Runtime.stats)."""
+    """ti.runtime_stats(): what holds GPU memory now, as a dict: `buffers`, `buffer_bytes`,
+    `bind_groups` and `pipelines` alive in this process (wgpu's counts), and `cached`, what the
+    device's pipeline cache holds (`kernels`, `pipelines`, `bind_groups`). Call gc.collect()
+    first for exact counts (objects in reference cycles wait for the collector)."""
     return current().runtime.stats()
 
 

@@ -248,6 +248,8 @@ class Kernel:
         lc = cache.get(full)
         if lc is None:
             from ..compiler.driver import compile_kernel
+            for old in [k for k in cache if k[1] != s.generation]:  # (a closed session's: never used again)
+                del cache[old]
             lc = Launcher(compile_kernel(self.fn, self.__name__, specs, self.ret_dtype, opts), specs)
             check_binding_limit(lc, self.__name__, "forward", rt)
             cache[full] = lc
