@@ -11,6 +11,9 @@ optimising and generating WGSL). A kernel's compile time is its first call minus
 (both synced), so the time of running it once is not counted. Before that, each process launches one
 trivial kernel: the start-up of import, device and driver (lavapipe spends ~0.5 s on its first
 pipeline and dispatch, whatever the shader) is reported apart, as `init_ms`.
+
+`python -m benchmarks.compile_time --stores [N ...]` times the compiler alone on a kernel with N
+stores to one field (stores_here; N = 500, 1,500, 5,000 by default), which must grow linearly.
 """
 from __future__ import annotations
 
@@ -153,6 +156,47 @@ def measure(systems: list[str], quick: bool, reps: int | None, tmp: str) -> dict
     return out
 
 
-if __name__ == "__main__":
+STORES = (500, 1500, 5000)
+
+
+def stores_here(counts=STORES, grad: bool = True) -> list[dict]:
+    """The compiler's own time (frontend to WGSL; the driver's pipeline is not created) for a
+    kernel with N stores to one field, `x[j] = y[j] * 2.0` for j < N in one loop body (an
+    unrolled ti.static loop), forward and, with `grad`, its adjoint. Issue 25: the access checks
+    made this quadratic (1,500 stores 79 s, 5,000 stores 455 s)."""
+    import linecache
+
+    import wgpu_ad as ti
+    ti.init(offline_cache=False)
+    ti.sync()
+    out = []
+    for n in (20,) + tuple(counts):  # (the first: the compiler's modules are imported)
+        x = ti.field(ti.f32, shape=n, needs_grad=grad)
+        y = ti.field(ti.f32, shape=n, needs_grad=grad)
+        src = "def k():\n    for i in range(1):\n" + "".join(f"        x[{j}] = y[{j}] * 2.0\n" for j in range(n))
+        path = f"<{n} stores>"
+        linecache.cache[path] = (len(src), None, src.splitlines(True), path)
+        ns = {"x": x, "y": y}
+        exec(compile(src, path, "exec"), ns)
+        k = ti.kernel(ns["k"])
+        t0 = time.perf_counter()
+        k._get(())
+        t1 = time.perf_counter()
+        row = {"stores": n, "forward_s": t1 - t0}
+        if grad:
+            k._get_grad(())
+            row["adjoint_s"] = time.perf_counter() - t1
+        if n == 20 and counts[:1] != (20,):
+            continue
+        out.append(row)
+        print(f"{n:6d} stores: forward {row['forward_s']:6.2f} s" +
+              (f", adjoint {row['adjoint_s']:6.2f} s" if grad else ""), flush=True)
+    return out
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--stores"]:
+    # python -m benchmarks.compile_time --stores [N ...]
+    stores_here(tuple(int(a) for a in sys.argv[2:]) or STORES)
+elif __name__ == "__main__":
     system, n, steps, cache = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     print(MARK + json.dumps(measure_here(system, {"n": n, "steps": steps}, cache)), flush=True)

@@ -6,8 +6,9 @@
 NAME is a workload (gravity, cloth, reduction, scatter, launch), `compile`, `torch` (the PyTorch
 bridge against bare kernels, wgpu_ad only; when torch is installed), `checkpoint` (ti.ad.checkpoint
 on the cloth, n=32 T=2000; --checkpoint-steps T for a quicker run; benchmarks/checkpoint.py) or
-`fwdmode` (forward mode's JVP against the forward pass on gravity and cloth, wgpu_ad only) or
-`determinism` (ti.init(deterministic=True) against the default, wgpu_ad only). Each system runs
+`fwdmode` (forward mode's JVP against the forward pass on gravity and cloth, wgpu_ad only),
+`determinism` (ti.init(deterministic=True) against the default, wgpu_ad only) or `memory`
+(benchmarks/memory.py: GPU buffers and RSS over create / use / drop cycles, wgpu_ad only). Each system runs
 in its own worker process; within every repetition the systems take turns (A B C D A B C D ...)
 so machine noise hits all of them alike. Medians are printed with the ratio wgpu_ad / system
 (below 1: wgpu_ad is faster), then each system's loss and gradient entry against a float64
@@ -27,13 +28,13 @@ import time
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import checkpoint, compile_time, determinism, forward_mode, report, torch_bridge
+from benchmarks import checkpoint, compile_time, determinism, forward_mode, memory, report, torch_bridge
 from benchmarks.systems import ALL_SYSTEMS, NEEDS, Worker, WorkerError, WorkerSkip, default_systems, installed
 from benchmarks.workloads import Case, full_cases, quick_cases
 
 LIBRARY = {"taichi": "Taichi", "warp": "NVIDIA Warp", "torch": "PyTorch", "jax": "JAX"}
 WORKLOADS = ("gravity", "cloth", "reduction", "scatter", "launch", "compile", "torch", "checkpoint", "fwdmode",
-             "determinism")
+             "determinism", "memory")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -161,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     do_checkpoint = (not args.only or "checkpoint" in args.only) and "wgpu_ad" in args.systems
     do_fwdmode = (not args.only or "fwdmode" in args.only) and "wgpu_ad" in args.systems
     do_determinism = (not args.only or "determinism" in args.only) and "wgpu_ad" in args.systems
+    do_memory = (not args.only or "memory" in args.only) and "wgpu_ad" in args.systems
     out = {"machine": machine_info(), "quick": args.quick, "complete": False, "systems": args.systems, "cases": [], "compile": None,
-           "torch": None, "checkpoint": None, "fwdmode": None,
-           "determinism": None}
+           "torch": None, "checkpoint": None, "fwdmode": None, "determinism": None, "memory": None}
     print(f"benchmarks on {out['machine']['cpu']} ({out['machine']['cores']} cores); systems: "
           f"{', '.join(args.systems)}{' (quick)' if args.quick else ''}", flush=True)
     load = out["machine"]["load_avg_at_start"]
@@ -201,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     if do_determinism:
         out["determinism"] = determinism.measure(args.quick, args.reps)
         print(determinism.block(out["determinism"]), flush=True)
+    if do_memory:
+        out["memory"] = memory.measure(args.quick)
+        print(memory.block(out["memory"]), flush=True)
     print(report.summary_table(out), flush=True)
     if not args.quick:
         out["targets"] = report.targets(out)

@@ -143,7 +143,7 @@ def test_the_copies_are_reused_after_the_backward_pass():
     for it in range(3):
         x.from_numpy(np.full(8, 0.5 + it, np.float32))
         cube()
-        (copies,) = next(iter(cube._keep.snaps.values()))
+        _refs, (copies,) = next(iter(cube._keep.snaps.values()))
         seen.add(id(copies[0]))
         x.grad.fill(1.0)
         cube.grad()

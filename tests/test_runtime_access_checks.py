@@ -103,7 +103,7 @@ def test_forward_only_launches_are_not_checked():
     assert "y_accesses" in scatter.get_wgsl(checked=True)  # the variant a gradient would need
     (lc,) = scatter._cache.values()
     assert not any(isinstance(src, plan.Shadow) for src in lc.plan.buffers)
-    assert lc.plan.shadowed == (plan.Field(_field_index(lc, y)),)
+    assert lc.compiled.shadowed == (plan.Field(_field_index(lc, y)),)
     with pytest.raises(ti.WgpuAdError, match=r"scatter.grad\(\): kernel 'scatter' indexes a field by values the "
                                              r"compiler cannot prove safe for reverse mode"):
         scatter.grad()
@@ -342,7 +342,7 @@ def test_certainly_repeated_stores_stay_compile_errors():
             y[2] = x[i]
 
     same_element()
-    assert not same_element._cache or not next(iter(same_element._cache.values())).plan.shadowed
+    assert not same_element._cache or not next(iter(same_element._cache.values())).compiled.shadowed
     with pytest.raises(ti.CompileError, match="may be stored by more than one iteration or thread"):
         same_element.grad()
 

@@ -37,7 +37,8 @@ def _dloss(x0):
 
 def _reads_gradient(kernel, name="x_grad") -> bool:
     """Whether any compiled variant of kernel's adjoint that stores into `name` also loads it."""
-    srcs = ["\n".join(t.wgsl for t in g.ck.tasks) for key, g in kernel._grad_cache.items() if key[-1]]
+    srcs = ["\n".join(t.wgsl for t in g.ck.tasks) for lc in kernel._cache.values()
+            for key, g in lc.grads.items() if key[-1]]
     assert srcs, "no zero-store variant was compiled"
     return any(f"= {name}[" in s for s in srcs)
 

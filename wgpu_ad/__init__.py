@@ -33,7 +33,7 @@ from .lang.ndarray import Ndarray, ndarray
 from .lang.snode import i, ij, ijk, ijkl, j, k, l, root
 from .runtime import amdgpu, cpu, cuda, dx12, gpu, metal, opengl, vulkan
 from .runtime.adapter import AdapterEntry, list_adapters, worker_device
-from .session import compile_options, set_compile_options, sync
+from .session import compile_options, runtime_stats, set_compile_options, sync
 from .session import runtime as get_runtime
 from .types import f16, f32, float16, float32, i32, int32, u32, uint32
 
@@ -55,7 +55,8 @@ def init(arch=None, debug: bool = False, device=None, **kwargs):
             `print_ir=False`, `print_wgsl=False`, `deterministic=False` (True: float sums made
             with atomics, gradients among them, are bitwise the same run to run on one adapter,
             at a cost: docs/performance.md), `f64="f32"` (run `ti.f64` in float32, with one
-            `Float64Warning`; without it `ti.f64` is refused).
+            `Float64Warning`; without it `ti.f64` is refused), `max_storage_buffers_per_shader_stage=None`
+            (a lower limit than the adapter's, enforced by the device: 10 behaves as a browser).
     """
     from . import session
     compile_opts = {"print_ir": bool(kwargs.pop("print_ir", False)),
@@ -107,7 +108,8 @@ def _np_float64(t) -> bool:
     return t is np.float64 or (isinstance(t, np.dtype) and t == np.float64)
 
 
-_RUNTIME_ARGS = ("force_emulated_atomics", "default_fp", "random_seed", "print_buffer_lines")
+_RUNTIME_ARGS = ("force_emulated_atomics", "default_fp", "random_seed", "print_buffer_lines",
+                 "max_storage_buffers_per_shader_stage")
 
 
 def reset():

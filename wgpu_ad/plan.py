@@ -7,6 +7,8 @@ read them; both import this module and neither imports the other for it.
 Bindings are all in group 0. The runtime binds, for each BindingSpec:
   kind 'args'   : the launch's uniform block (4-byte words, CompiledKernel.arg_words of them),
                   bound with a dynamic offset so many launches share one uniform buffer;
+  kind 'args_storage': the same words in a read-only storage binding of that buffer, for
+                  kernels with more than UNIFORM_ARG_WORDS of them;
   kind 'buffer' : the storage buffer of the launch's buffer list at position key (the launcher
                   resolves plan.buffers[key]);
   kind 'error'  : the runtime's error buffer (array<atomic<u32>>, ERROR_WORDS words);
@@ -41,13 +43,16 @@ import numpy as np
 # then one more word, LOOP_LIMIT_WORD, set by kernels whose loops the driver stopped early
 # (CompiledKernel.loop_check; checked at the next read-back, runtime/transfers.py)
 ERROR_WORDS = 16
+# the most argument words a uniform binding holds on every WebGPU device (64 KiB, WebGPU's default
+# max-uniform-buffer-binding-size); a kernel with more reads them from a storage binding instead
+UNIFORM_ARG_WORDS = 16384
 LOOP_LIMIT_WORD = ERROR_WORDS
 
 
 @dataclass(frozen=True)
 class BindingSpec:
     binding: int
-    kind: str            # 'args' | 'buffer' | 'error' | 'ret' | 'stack' | 'print'
+    kind: str            # 'args' | 'args_storage' | 'buffer' | 'error' | 'ret' | 'stack' | 'print'
     key: int = -1        # for 'buffer': index into the launch's buffers (plan.buffers)
     read_only: bool = False
 
@@ -314,7 +319,9 @@ class LaunchPlan:
     snapshots: tuple = ()           # forward kernels: sources to copy before a launch (promote.py)
     scratch: tuple = ()             # the kernel's Scratch sources, by index (forward and adjoint)
     prints: tuple = ()              # Print per print() of the kernel: record k of a launch is prints[k]
-    shadowed: tuple = ()            # forward kernels: sources whose accesses a checked launch tracks
+    # forward kernels: sources whose accesses a checked launch tracks; None until the access checks
+    # ran (on first need: compiler/driver.py Compiled.shadowed)
+    shadowed: tuple | None = ()
     shadows: tuple = ()             # a checked forward variant: its Shadow sources, by index
 
     @property

@@ -278,6 +278,14 @@ def autodiff():
     return provider
 
 
+def runtime_stats() -> dict:
+    """ti.runtime_stats(): what holds GPU memory now, as a dict: `buffers`, `buffer_bytes`,
+    `bind_groups` and `pipelines` alive in this process (wgpu's counts), and `cached`, what the
+    device's pipeline cache holds (`kernels`, `pipelines`, `bind_groups`). Call gc.collect()
+    first for exact counts (objects in reference cycles wait for the collector)."""
+    return current().runtime.stats()
+
+
 def ad() -> AdContext:
     """The autodiff context of the open session."""
     return current().ad
@@ -297,4 +305,4 @@ def _flush_prints(rt: Runtime | None) -> None:
 atexit.register(lambda: _flush_prints(_state["session"]._runtime if _state["session"] else None))
 
 __all__ = ["AdContext", "Session", "current", "open_session", "close", "on_close", "generation", "runtime",
-           "sync", "compile_options", "set_compile_options", "ad", "use_autodiff", "autodiff", "made_before_fork"]
+           "sync", "compile_options", "set_compile_options", "runtime_stats", "ad", "use_autodiff", "autodiff", "made_before_fork"]

@@ -26,10 +26,10 @@ import numpy as np
 from .. import plan
 from .. import session as _session
 from ..errors import WgpuAdError
-from ..lang import storage as _storage
 from ..lang.external import EXTERNALS, Externals
 from ..lang.launch import Launcher, check_binding_limit, launch, overlap, storage_getter
 from ..lang.ndarray import Ndarray
+from ..lang.specialised import can_hold
 from ..types import to_dtype
 
 _PLAIN = (int, float, bool)  # argument types that name themselves in keys
@@ -46,9 +46,9 @@ class Records:
         # for the latest READ_LOG argument sets; forgot: older ones were dropped (refused then)
         self.read_versions: collections.OrderedDict = collections.OrderedDict()
         self.forgot = False
-        # checked forward variants (passes/autodiff/shadow.py) per forward Launcher id, and per
-        # launch key (_run_key) whether its latest launch was checked
-        self.checked_lc: dict = {}
+        # checked forward variants (passes/autodiff/shadow.py) per forward Launcher (held weakly),
+        # and per launch key (_run_key) whether its latest launch was checked
+        self.checked_lc = weakref.WeakKeyDictionary()
         self.checked_runs: dict = {}
 
 
@@ -67,7 +67,8 @@ def launch_observed(k, args: tuple, s, ad):
         return _launch_dual(k, args, s, ad)
     lc, specs, rt = k._get(args, s)
     tape = ad.tape
-    run = _checked(k, lc) if lc.plan.shadowed and _may_want_grad(lc, args, tape, ad) else lc
+    want = _may_want_grad(lc, args, tape, ad)
+    run = _checked(k, lc) if want and lc.compiled.shadowed else lc
     if tape is not None:
         tape.record(k, args)
         if tape.defer(k, run, args, rt):
@@ -78,7 +79,7 @@ def launch_observed(k, args: tuple, s, ad):
         k._keep.keep_snapshots(lc, args, taped)
     if lc.ck.ret_dtype is not None and ad.host_guard is not None:
         ad.host_guard(k, f"the return value of kernel '{k.__name__}'")
-    if lc.plan.shadowed:
+    if _shadowed(lc, want):
         ret = _launch(k, lc, run, args, k._keep.scratch(lc, taped), rt, _run_key(lc, args))
     else:
         ret = launch(lc, args + k._keep.scratch(lc, taped), rt)
@@ -104,8 +105,9 @@ def launch_external(k, args: tuple, s, ad):
         _before_dual(k, fwd, dev, ad, external=True)
     if lc.snapshots and ad.keep_copies and not k._no_grad:  # no_grad: no adjoint reads them
         k._keep.keep_snapshots(lc, dev, taped)
-    if lc.plan.shadowed and lc is fwd:
-        run = _checked(k, lc) if _may_want_grad(lc, dev, tape, ad) else lc
+    want = lc is fwd and _may_want_grad(lc, dev, tape, ad)
+    if lc is fwd and _shadowed(lc, want):
+        run = _checked(k, lc) if want else lc
         ret = _launch(k, lc, run, dev, k._keep.scratch(lc, taped), rt, _run_key(lc, dev, external=True))
     else:
         ret = launch(lc, dev + k._keep.scratch(fwd, taped), rt)
@@ -130,11 +132,17 @@ def _before_dual(k, lc, args, ad, external: bool = False) -> None:
     checks where tangents stop (fwd.py note_launch); and as the dual kernel checks nothing,
     kernel.grad() must not trust the check of an older launch with these arguments."""
     ad.fwd.note_launch(k.__name__, [get(args) for get in lc.loads], [get(args) for get in lc.writes])
-    if lc.plan.shadowed:
+    if _shadowed(lc, False):
         _set_checked(k, _run_key(lc, args, external), False, in_fwd_mode=True)
 
 
 # ---- run-time access checks (passes/autodiff/shadow.py) -----------------------------------------
+
+def _shadowed(lc, want: bool) -> bool:
+    """Whether forward Launcher lc has accesses a checked launch tracks; the access checks that
+    tell run only once a gradient may be asked for (`want`), or have run already."""
+    return (want or lc.compiled.shadowed_known) and bool(lc.compiled.shadowed)
+
 
 def _may_want_grad(lc, args, tape, ad) -> bool:
     """Whether a gradient may be asked for a forward launch: a tape records it, or something it
@@ -148,12 +156,12 @@ def _checked(k, lc) -> Launcher:
     """The checked variant of a forward Launcher whose accesses are not all proven safe for
     reverse mode, compiled on first use."""
     rec = records(k)
-    run = rec.checked_lc.get(id(lc))
+    run = rec.checked_lc.get(lc)
     if run is None:
         from ..compiler.driver import compile_checked
         run = Launcher(compile_checked(lc.compiled, _session.current().options), lc.specs)
         check_binding_limit(run, k.__name__, "checked", _session.runtime())
-        rec.checked_lc[id(lc)] = run
+        rec.checked_lc[lc] = run
         run.shadow_of = [storage_getter(src.of, run.compiled.storages) for src in run.plan.shadows]
     return run
 
@@ -167,9 +175,9 @@ def _run_key(lc, args, external: bool = False) -> tuple:
     with weak references beside them: a storage made later at a freed one's address is another
     key (_was_checked compares the referents)."""
     if external:
-        return (id(lc),), ()
+        return (id(lc),), (weakref.ref(lc),)
     sts = [get(args) for get in lc.loads + lc.writes]
-    return (id(lc), *map(id, sts)), tuple(weakref.ref(st) for st in sts)
+    return (id(lc), *map(id, sts)), (weakref.ref(lc),) + tuple(weakref.ref(st) for st in sts)
 
 
 def _set_checked(k, key: tuple, checked: bool, in_fwd_mode: bool = False) -> None:
@@ -214,7 +222,7 @@ def _launch(k, lc, run, args, scratch: tuple, rt, key: tuple):
 
 def _require_checked(k, lc, args, external: bool = False) -> None:
     """kernel.grad(): refuse unless the latest forward launch with these storages was checked."""
-    if not lc.plan.shadowed:
+    if not lc.compiled.shadowed:
         return
     key = _run_key(lc, args, external)
     if _was_checked(k, key):
@@ -254,18 +262,20 @@ class _Wrote:
     it wrote in one of them, computed only when kernel.grad() asks (a launch pays for an append).
     Storages are held weakly (the log lives on them); None once one is gone."""
 
-    __slots__ = ("lc", "held")
+    __slots__ = ("footprint", "held")
 
     def __init__(self, lc: Launcher, args: tuple):
-        self.lc = lc
+        # (not the Launcher: a long-lived storage's log would keep it, and the fields it names, alive)
+        self.footprint = lc.footprint_plan
         self.held = args if all(type(a) in _PLAIN for a in args) else tuple(
-            weakref.ref(a) if isinstance(a, _storage.Storage) else a for a in args)
+            weakref.ref(a) if can_hold(a) else a for a in args)  # (storages, data-oriented objects)
 
     def indices(self, st) -> list | None:
         live = tuple(a() if isinstance(a, weakref.ref) else a for a in self.held)
-        if any(v is None for v in live):
+        found = None if any(v is None for v in live) else self.footprint.of(live)
+        if found is None:  # a storage it named is gone: assume it wrote every element
             return None
-        return [idx for obj, kind, idx in self.lc.footprint(live) if obj is st and kind not in ("load", "load_before")]
+        return [idx for obj, kind, idx in found if obj is st and kind not in ("load", "load_before")]
 
 
 def _note_versions(k, lc, args, s) -> None:

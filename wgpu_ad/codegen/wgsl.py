@@ -16,12 +16,13 @@ from __future__ import annotations
 from ..errors import CompileError
 from ..ir.nodes import Kernel, Stmt, Task, walk_task
 from ..ir.ops import AtomicKind, Op
-from ..plan import BindingSpec
+from ..plan import UNIFORM_ARG_WORDS, BindingSpec
 from .. import shaders
 from ..types import f16, f32, u1
 from .aggregate import subgroup_atomics
 from .common import (ARGS_STRUCT, ARGS_VAR, ATOMIC_FN, CAS_COMBINE, DEFAULT_GRID_CAP, ERR_VAR, INDENT,
-                     NATIVE_F32_ATOMICS, PRINT_VAR, RET_VAR, STACK_VAR, BufferUse, Options, _arg_words, _fixed_names, kept_assert)
+                     NATIVE_F32_ATOMICS, PRINT_VAR, RET_VAR, STACK_VAR, BufferUse, Options, _arg_words, _fixed_names,
+                     arg_words, kept_assert)
 from .entry import TaskEntry
 from .memory import MemoryAccess
 from .names import Namer, identifiers
@@ -171,7 +172,10 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
                 else:
                     head.append(f"{INDENT}{self.arg_member[id(slot)]}: {word_dtype(slot.dtype).wgsl},")
             head.append("}")
-            bind("args", f"var<uniform> {ARGS_VAR}: {ARGS_STRUCT};")
+            if arg_words(self.kernel) > UNIFORM_ARG_WORDS:  # more than a uniform binding holds
+                bind("args_storage", f"var<storage, read> {ARGS_VAR}: {ARGS_STRUCT};")
+            else:
+                bind("args", f"var<uniform> {ARGS_VAR}: {ARGS_STRUCT};")
         for k, buf in enumerate(self.kernel.buffers):
             if id(buf) not in self.uses:
                 continue

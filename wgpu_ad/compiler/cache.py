@@ -206,7 +206,9 @@ class Slot:
         record.note("bad", msg)
         return None
 
-    def store(self, ck: CompiledKernel) -> None:
+    def store(self, ck: CompiledKernel, update: bool = False) -> None:
+        """Write the entry; `update`: it is there already and gains what was analysed since (a
+        forward kernel's access checks, compiler/driver.py), not counted as a write again."""
         try:
             payload = pickle.dumps((self.key, ck), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
@@ -222,9 +224,11 @@ class Slot:
                 f.write(data)
             os.replace(tmp, self.path)  # atomic: readers see the old entry or the whole new one
             tmp = None
-            record.stats["writes"] += 1
+            if not update:
+                record.stats["writes"] += 1
         except OSError as e:
-            record.stats["write_errors"] += 1
+            if not update:  # (an entry is counted once)
+                record.stats["write_errors"] += 1
             record.note("write", f"cannot write to {self.folder}: {e}")
         finally:
             if tmp is not None:

@@ -25,7 +25,7 @@ from ..codegen import generate
 from ..errors import CompileError, debug_enabled
 from ..frontend.kernel import lower_kernel
 from ..ir.nodes import Kernel
-from ..passes.autodiff import CHECKED, DUAL, FORWARD, AdjointRequest, Derivation, NotFusable, adjoint_steps, derive
+from ..passes.autodiff import CHECKED, CHECKS, DUAL, FORWARD, AdjointRequest, Derivation, NotFusable, adjoint_steps, derive
 from ..passes.autodiff.access import footprint
 from ..passes.pipeline import lower_for_codegen, optimize
 from ..plan import CompiledKernel
@@ -38,9 +38,24 @@ class Compiled:
     fields that plan.Field(k) names. `ir` is the optimised IR, made on first use."""
 
     def __init__(self, ck: CompiledKernel, storages: list, make_ir: Callable[[], Kernel],
-                 slot: cache.Slot | None):
+                 slot: cache.Slot | None, analyse: Callable[[], tuple] | None = None):
         self.ck, self.storages, self.slot = ck, storages, slot
         self._make_ir, self._ir = make_ir, None
+        self._analyse, self._shadowed = analyse, ck.plan.shadowed
+
+    @property
+    def shadowed_known(self) -> bool:
+        """Whether `shadowed` is known without running the access checks."""
+        return self._shadowed is not None
+
+    @property
+    def shadowed(self) -> tuple:
+        """A forward kernel's sources whose accesses a checked launch tracks (the access checks,
+        passes/autodiff/access.py, run on first use: only kernels that a gradient may be asked
+        for pay for them)."""
+        if self._shadowed is None:
+            self._shadowed = self._analyse()
+        return self._shadowed
 
     @property
     def plan(self) -> plan.LaunchPlan:
@@ -114,17 +129,26 @@ def compile_kernel(fn, name: str, specs: list, ret_dtype, opts: CompileOptions) 
     if ck is None:
         # the code a launch runs: the loop-carried elements in registers (promote.py), on a copy;
         # with what a launch that a gradient may be asked for needs (the fields its adjoint reads
-        # copies of, the accesses it checks at run time, its footprint for the tape's rules)
+        # copies of, its footprint for the tape's rules); the accesses it checks at run time are
+        # analysed on first need (Compiled.shadowed: a kernel no gradient is asked of never is)
         d = user_errors(lambda: _derive(make_ir(), FORWARD, opts))
         p = d.plan
         scratch = tuple(sorted((b.source for b in ir0.buffers if isinstance(b.source, plan.Scratch)),
                                key=lambda src: src.index))
-        shadowed = tuple(b.source for b in p.checks.buffers()) if p.checks else ()
         ck = user_errors(lambda: _codegen(d.ir, opts, accesses=_accesses(d.ir, p.redirected),
-                                          snapshots=p.snapshot_sources, scratch=scratch, shadowed=shadowed))
+                                          snapshots=p.snapshot_sources, scratch=scratch, shadowed=None))
         if slot is not None:
             slot.store(ck)
-    return Compiled(ck, storages, make_ir, slot)
+    stored = ck
+
+    def analyse() -> tuple:
+        """The access checks of the kernel (CHECKS); their result joins its offline-cache entry."""
+        checks = user_errors(lambda: _derive(make_ir(), CHECKS, opts)).plan.checks
+        found = tuple(b.source for b in checks.buffers()) if checks else ()
+        if slot is not None:
+            slot.store(dataclasses.replace(stored, plan=dataclasses.replace(stored.plan, shadowed=found)), update=True)
+        return found
+    return Compiled(ck, storages, make_ir, slot, analyse)
 
 
 def compile_checked(fwd: Compiled, opts: CompileOptions) -> Compiled:
@@ -145,7 +169,7 @@ def compile_checked(fwd: Compiled, opts: CompileOptions) -> Compiled:
         ir, shadows = user_errors(make_ir)
         p = fwd.plan
         ck = user_errors(lambda: _codegen(ir, opts, accesses=p.accesses, snapshots=p.snapshots, scratch=p.scratch,
-                                          shadowed=p.shadowed, shadows=shadows))
+                                          shadowed=fwd.shadowed, shadows=shadows))
         if slot is not None:
             slot.store(ck)
     return Compiled(ck, fwd.storages, lambda: make_ir()[0], slot)

@@ -11,6 +11,8 @@ Everything made before a ti.reset() / ti.init() is dropped: it is gone with the 
 """
 from __future__ import annotations
 
+import weakref
+
 from ..errors import WgpuAdError
 from .. import session as _device
 from ..types import to_dtype
@@ -20,14 +22,18 @@ from .ndarray import Ndarray
 class LaunchKeep:
     def __init__(self, name: str):
         self.name = name             # the kernel's, for messages
-        self.snaps: dict = {}        # ids of fields updated in place -> stack of their pre-launch copies
+        # ids of fields updated in place -> (weak references to them, stack of their pre-launch
+        # copies): an entry whose fields are gone is dropped, and never found by fields made later
+        # at their addresses
+        self.snaps: dict = {}
         self.spare: dict = {}        # (dtype, shape, element shape) -> copies an adjoint launch has used
-        # scratch sets per forward Launcher id: for launches no tape records, a stack of per-launch
-        # sets for taped ones, the set of the latest launch, spares
-        self.scratch_own: dict = {}
-        self.scratch_taped: dict = {}
-        self.scratch_last: dict = {}
-        self.scratch_spare: dict = {}
+        # scratch sets per forward Launcher (held weakly: a Launcher goes with the storage it was
+        # specialised for, Kernel._get): for launches no tape records, a stack of per-launch sets
+        # for taped ones, the set of the latest launch, spares
+        self.scratch_own = weakref.WeakKeyDictionary()
+        self.scratch_taped = weakref.WeakKeyDictionary()
+        self.scratch_last = weakref.WeakKeyDictionary()
+        self.scratch_spare = weakref.WeakKeyDictionary()
         self.shadow_spare: dict = {}  # spare shadow buffers by size
         self.generation = None       # the runtime generation all of it belongs to
 
@@ -38,7 +44,7 @@ class LaunchKeep:
         if not lc.plan.scratch:
             return ()
         self.drop_dead()
-        key = id(lc)
+        key = lc
         if taped:
             spare = self.scratch_spare.get(key)
             objs = spare.pop() if spare else self._new_scratch(lc)
@@ -65,7 +71,7 @@ class LaunchKeep:
         those of the latest forward launch; their gradients zeroed."""
         if not lc.plan.scratch:
             return ()
-        key = id(lc)
+        key = lc
         stack = self.scratch_taped.get(key)
         if in_backward and stack:
             objs = stack.pop()
@@ -82,7 +88,7 @@ class LaunchKeep:
         return objs
 
     def recycle_scratch(self, lc, objs: tuple) -> None:
-        key = id(lc)
+        key = lc
         if objs and objs is not self.scratch_own.get(key) and objs is not self.scratch_last.get(key) \
                 and not any(objs is o for o in self.scratch_taped.get(key, ())):
             self.scratch_spare.setdefault(key, []).append(objs)
@@ -113,20 +119,23 @@ class LaunchKeep:
                 c = Ndarray(st.dtype, st.shape, st.element_shape, name=f"{st.name}_before")
             c._copy_from(st)
             copies.append(c)
-        key = tuple(map(id, fields))
-        if taped:
-            self.snaps.setdefault(key, []).append(copies)
-        else:
-            for old in self.snaps.get(key, ()):
+        stack = self._snapshots(fields)
+        if stack is None:
+            stack, key = [], tuple(map(id, fields))
+            forget = self.snaps.pop  # (a field's death drops the entry at once, copies and all)
+            self.snaps[key] = (tuple(weakref.ref(st, lambda _r, key=key: forget(key, None)) for st in fields), stack)
+        if not taped:
+            for old in stack:
                 self.recycle(old)  # only the last launch's copies are kept: reuse the older ones
-            self.snaps[key] = [copies]
+            stack.clear()
+        stack.append(copies)
 
     def pop_snapshots(self, lc, args) -> tuple:
         """The copies kept for the latest forward launch with these fields (see keep_snapshots)."""
         if not lc.snapshots:
             return ()
         fields = [get(args) for get in lc.snapshots]
-        stack = self.snaps.get(tuple(map(id, fields)))
+        stack = self._snapshots(fields)
         if not stack:
             names = ", ".join(st._label() for st in fields)
             raise WgpuAdError(
@@ -134,6 +143,13 @@ class LaunchKeep:
                 f"needs the values from before its forward launch, and none were kept: launch it right "
                 f"before its .grad() (or inside ti.ad.Tape) while something it reads has a gradient")
         return tuple(stack.pop())
+
+    def _snapshots(self, fields: list) -> list | None:
+        """The stack of copies kept for these very fields, or None."""
+        entry = self.snaps.get(tuple(map(id, fields)))
+        if entry is None or any(r() is not st for r, st in zip(entry[0], fields)):
+            return None
+        return entry[1]
 
     def recycle(self, copies: tuple) -> None:
         """Copies an adjoint launch has read go back to the pool: a later copy into one is recorded

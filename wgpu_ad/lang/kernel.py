@@ -14,6 +14,7 @@ from ..types import MatrixType, VectorType, to_dtype
 from .external import EXTERNALS, Externals, describe, is_external
 from .launch import Launcher, binding_limit_error, check_binding_limit, launch
 from .keep import LaunchKeep
+from .specialised import can_hold, specialisations, without_specialisations
 
 
 class Template:
@@ -144,9 +145,10 @@ class Kernel:
         if isinstance(ret, str):
             ret = eval(ret, fn.__globals__)
         self.ret_dtype = None if ret in (inspect.Signature.empty, None) else to_dtype(ret)
+        # specialisations by argument specs, session generation and options; those for a field,
+        # ndarray or @ti.data_oriented object passed as a template live on it (specialised.py), so
+        # that they and it go together; the adjoints and dual kernels live on their forward's Launcher
         self._cache: dict = {}
-        self._grad_cache: dict = {}
-        self._dual_cache: dict = {}
         self._keep = LaunchKeep(fn.__name__)  # scratch, and copies kept for adjoints (keep.py)
         self._ad = None  # autodiff's records of this kernel's launches (ad/launches.py Records)
         self._unlogged = False  # launched while nothing had a gradient: no record of that launch
@@ -155,8 +157,8 @@ class Kernel:
                                 and a not in (Template, NdarrayType) for a in self.anns)
         self._ndarrays = [k for k, a in enumerate(self.anns) if isinstance(a, NdarrayType) or a is NdarrayType]
         self._no_grad = False
-        # objects passed for template arguments (a data-oriented `self`), kept alive: compiled
-        # kernels are found by the object's id, which must not be reused by a later object
+        # other objects passed for template arguments (a data-oriented `self`), kept alive:
+        # compiled kernels are found by the object's id, which must not be reused by a later object
         self._pinned: dict[int, Any] = {}
 
     def __reduce__(self):
@@ -176,7 +178,7 @@ class Kernel:
         if len(args) != len(self.params):
             raise KernelArgError(f"kernel '{self.__name__}' takes {len(self.params)} argument(s) "
                                  f"({', '.join(p.name for p in self.params)}), got {len(args)}")
-        specs, key = [], []
+        specs, key, home = [], [], None
         for p, ann, v in zip(self.params, self.anns, args):
             if isinstance(ann, Template) or ann is Template:
                 specs.append(ArgSpec(p.name, "template", value=v))
@@ -184,7 +186,10 @@ class Kernel:
                     key.append(("t", (type(v), v)))
                 else:
                     key.append(("t", id(v)))
-                    self._pinned.setdefault(id(v), v)
+                    if not can_hold(v):
+                        self._pinned.setdefault(id(v), v)
+                    elif home is None:  # (it keeps its own specialisations: _get)
+                        home = v
             elif isinstance(ann, NdarrayType) or ann is NdarrayType:
                 specs.append(self._ndarray_spec(p.name, ann, v))
                 s = specs[-1]
@@ -201,7 +206,7 @@ class Kernel:
                     raise CompileError(f"kernel '{self.__name__}': unsupported annotation {ann!r} for argument '{p.name}'") from None
                 specs.append(ArgSpec(p.name, "scalar", dt))
                 key.append(("s",))
-        return specs, tuple(key)
+        return specs, tuple(key), home
 
     def _ndarray_spec(self, name, ann, v):
         from ..frontend.kernel import ArgSpec
@@ -236,14 +241,20 @@ class Kernel:
             hit = self._last
             if hit is not None and hit[0] == s.generation and hit[1] is opts and len(args) == len(self.params):
                 return hit[2], hit[3], rt
-        specs, key = self._specs(args)
+        specs, key, home = self._specs(args)
         full = (key, s.generation, opts)
-        lc = self._cache.get(full)
+        # a storage or data-oriented object passed as a template holds the specialisations for it,
+        # so that the cycle object -> Launcher -> object goes when the program drops it (issue 25); the
+        # other template objects in the key are kept alive by the Launcher, so their ids stay theirs
+        cache = self._cache if home is None else specialisations(home, self)
+        lc = cache.get(full)
         if lc is None:
             from ..compiler.driver import compile_kernel
+            for old in [k for k in cache if k[1] != s.generation]:  # (a closed session's: never used again)
+                del cache[old]
             lc = Launcher(compile_kernel(self.fn, self.__name__, specs, self.ret_dtype, opts), specs)
             check_binding_limit(lc, self.__name__, "forward", rt)
-            self._cache[full] = lc
+            cache[full] = lc
         if self._scalar_only:
             self._last = (s.generation, opts, lc, specs)
         return lc, specs, rt
@@ -297,12 +308,11 @@ class Kernel:
         grads = grad_sources(lc.compiled, specs)
         # a ti.ad.Tape(check_nan=True) running its backward pass: the adjoint checks its gradients
         check = opts.check_nan or s.ad.check_nan
-        # the forward's Launcher stands for the argument specs, the options and the epoch
-        # (self._cache keeps it alive, so its id is never reused)
-        key = (id(lc), grads, fused, check)
+        # (on the forward's Launcher, which stands for the argument specs, the options and the epoch)
+        key = (grads, fused, check)
         zero = ()
         while True:
-            g = self._grad_cache.get((*key, zero), False)
+            g = lc.grads.get((*key, zero), False)
             if g is False:
                 o = opts if check == opts.check_nan else dataclasses.replace(opts, check_nan=check)
                 c = compile_adjoint(lc.compiled, grads, o, zero, fused)
@@ -311,7 +321,7 @@ class Kernel:
                     g = None  # too many buffers fused: the forward and the adjoint run apart, each with fewer
                 elif g is not None:
                     check_binding_limit(g, self.__name__, "adjoint", rt)
-                self._grad_cache[(*key, zero)] = g
+                lc.grads[(*key, zero)] = g
             if g is None or zero or not launching or g.zero_check is None:
                 return g, specs, rt
             zero = g.zero_check(args)
@@ -328,12 +338,11 @@ class Kernel:
         duals = dual_sources(lc.compiled, specs)
         if not any(d is not None for d in duals):
             return lc, specs, rt
-        key = (id(lc), duals)  # the forward's Launcher stands for specs, options, epoch (see _get_grad)
-        d = self._dual_cache.get(key)
+        d = lc.duals.get(duals)  # (on the forward's Launcher: see _get_grad)
         if d is None:
             d = Launcher(compile_dual(lc.compiled, duals, _session.current().options), specs)
             check_binding_limit(d, self.__name__, "dual", rt)
-            self._dual_cache[key] = d
+            lc.duals[duals] = d
         return d, specs, rt
 
     def launch_fused(self, args) -> bool:
@@ -390,7 +399,7 @@ class Kernel:
         them one after another, each starting with its `// wgpu_ad kernel ..., task k` line;
         task=k gives task k's module alone, which a WebGPU device compiles as it is."""
         lc = (self._get_grad(args) if grad else self._get_dual(args) if dual else self._get(args))[0]
-        if checked and lc.plan.shadowed:
+        if checked and lc.compiled.shadowed:
             lc = _session.autodiff().checked_variant(self, lc)
         tasks = lc.ck.tasks
         if task is not None:
@@ -482,6 +491,8 @@ def data_oriented(cls):
     if not isinstance(cls, type):
         raise WgpuAdError(f"@ti.data_oriented decorates a class, got {type(cls).__name__}")
     cls._data_oriented = True
+    if "__getstate__" not in cls.__dict__:  # (pickles and copies leave out what kernels keep on it)
+        cls.__getstate__ = lambda self: without_specialisations(object.__getstate__(self))
     return cls
 
 

@@ -6,6 +6,9 @@ closures once per compiled kernel, so a launch is a few list operations and one 
 """
 from __future__ import annotations
 
+import dataclasses
+import weakref
+
 import struct
 from typing import Callable
 
@@ -76,7 +79,13 @@ class Launcher:
         self.ck = ck = compiled.ck
         self.plan = p = ck.plan
         self.specs = specs
-        self.pack = _packer(ck.name, p.words, specs, p.prints)
+        # (the packer reads names and dtypes: without template values, the write logs that keep
+        # it through footprint_plan keep no template object alive)
+        self.pack = _packer(ck.name, p.words, [dataclasses.replace(s, value=None) if s.kind == "template" else s
+                                               for s in specs], p.prints)
+        self.footprint_plan = Footprint(p, self.pack, compiled.storages)
+        self.grads: dict = {}  # the adjoints of this forward (Kernel._get_grad), by what they differ in
+        self.duals: dict = {}  # its dual kernels (Kernel._get_dual), by where the duals come from
         self.bounds = [_bounds(t) for t in p.tasks]
         self.storage = [storage_getter(src, compiled.storages, len(specs), len(p.scratch), len(p.shadows))
                         for src in p.buffers]
@@ -135,14 +144,43 @@ class Launcher:
     def footprint(self, args) -> list[tuple]:
         """(storage, kind, index) per access; index: per dimension an int where every thread
         uses the same index (computed from these arguments), else None."""
-        vals = self.word_values(args)
+        return self.footprint_plan.of(args)
+
+
+class Footprint:
+    """What Launcher.footprint needs, holding the kernel's storage table weakly: the write logs of
+    long-lived storages keep it (ad/launches.py _Wrote) without keeping the Launcher and the
+    fields it names alive (issue 25). A field that is gone is left out of of() (no live storage is
+    it); of() is None when the gradient or dual of one is named (they may outlive it)."""
+
+    __slots__ = ("accesses", "pack", "storages")
+
+    def __init__(self, p: plan.LaunchPlan, pack, storages: list):
+        self.accesses, self.pack = p.accesses, pack
+        self.storages = [_weak(st) for st in storages]
+
+    def of(self, args) -> list[tuple] | None:
+        storages = [r() for r in self.storages]
+        vals = self.pack.unpack(self.pack(args, _NoSeed()))
         out = []
-        for acc in self.plan.accesses:
-            obj = storage_getter(acc.source, self.compiled.storages)(args)
+        for acc in self.accesses:
+            src = acc.source
+            if isinstance(src, (plan.Field, plan.FieldGrad, plan.FieldDual)) and storages[src.index] is None:
+                if isinstance(src, plan.Field):
+                    continue  # a field that is gone: not the live storage a caller asks about
+                return None  # the gradient or dual of one (which may live on): not known
+            obj = storage_getter(src, storages)(args)
             idx = tuple(None if d is None else int(sum(c * (1 if w is None else vals[w]) for w, c in d))
                         for d in acc.dims)
             out.append((obj, acc.kind, idx))
         return out
+
+
+def _weak(obj) -> Callable:
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # (not a storage: held as it is)
+        return lambda: obj
 
 
 class _NoSeed:
@@ -171,8 +209,15 @@ _ROLES = {
 
 def binding_limit_error(ck, kernel: str, role: str, rt) -> GpuError | None:
     """The error for a compiled kernel (role: a key of _ROLES) one of whose tasks binds more storage
-    buffers than the device allows, which WebGPU would refuse with its raw validation text; None
-    when every task fits."""
+    buffers than the device allows, or whose arguments are more than a launch can pass, which WebGPU
+    would refuse with its raw validation text; None when it fits."""
+    words, most = ck.arg_words, rt.max_arg_bytes // 4
+    if words > most:
+        what = _ROLES[role][0].format(k=kernel)
+        return GpuError(f"{what} takes {words} words of arguments ({4 * words} bytes), more than one launch can "
+                        f"pass ({most} words: wgpu_ad's argument buffer, and this adapter's "
+                        f"max-storage-buffer-binding-size). Pass large arrays as a ti.ndarray or a field rather than "
+                        f"as ti.types.vector / matrix arguments")
     limit = rt.limits.get("max-storage-buffers-per-shader-stage")
     task = max(ck.tasks, key=lambda t: t.storage_buffers()[0], default=None)
     if limit is None or task is None or task.storage_buffers()[0] <= limit:

@@ -39,12 +39,14 @@ def _task(t: Task) -> None:
         if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC):
             buf = s.attr[1] if s.op is Op.ATOMIC else s.attr
             touches.setdefault(id(buf), []).append(s)
+    only_adds = {b: all(x.op is Op.ATOMIC and x.attr[0] in (AtomicKind.ADD, AtomicKind.SUB) for x in xs)
+                 for b, xs in touches.items()}  # (once per buffer: N adds to one buffer were N² checks)
     groups: dict[tuple, list] = {}
     for s in stmts:
         if s.op is not Op.ATOMIC or s.attr[0] not in (AtomicKind.ADD, AtomicKind.SUB) or id(s) in used:
             continue
         buf, idx = s.attr[1], s.args[0]
-        if not all(x.op is Op.ATOMIC and x.attr[0] in (AtomicKind.ADD, AtomicKind.SUB) for x in touches[id(buf)]):
+        if not only_adds[id(buf)]:
             continue
         if idx.op is Op.CONST:
             key = (id(buf), "const", idx.attr)

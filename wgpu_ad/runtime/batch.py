@@ -35,7 +35,10 @@ class Batching:
         with self._lock:  # one thread at a time records, submits or reads (issue 25)
             if self._deferred:
                 self.run_deferred()
-            tp = self._pipelines.kernel(ck).tasks[task_index]
+            cache = self._pipelines
+            if cache.dead or cache.dead_kernels:
+                cache.purge()  # (before any lookup: a buffer gone may have left its id to another)
+            tp = cache.kernel(ck).tasks[task_index]
             ret = self.ret_buffer if ret_buffer is None else ret_buffer
             key = (*map(id, buffers), id(ret))
             if stack_words:
@@ -89,7 +92,7 @@ class Batching:
                 except IndexError:
                     raise GpuError(f"kernel '{ck.name}': binding wants buffer #{k} but the launch gave "
                                    f"{len(buffers)} buffers (compiler bug)") from None
-            return {"args": self._ubuf, "error": self.error_buffer, "ret": ret, "stack": self._stack_buf,
+            return {"args": self._ubuf, "args_storage": self._ubuf, "error": self.error_buffer, "ret": ret, "stack": self._stack_buf,
                     "print": self.prints.buffer}[kind]
         return self._pipelines.bind_group(ck.name, tp, key, resolve)
 

@@ -31,15 +31,23 @@ class Runtime(Transfers, Batching, ErrorChecks):
 
     def __init__(self, arch=None, debug: bool = False, force_emulated_atomics: bool = False,
                  default_fp=None, random_seed: int = 0, print_buffer_lines: int = DEFAULT_PRINT_LINES,
-                 device: int | str | None = None):
+                 device: int | str | None = None, max_storage_buffers_per_shader_stage: int | None = None):
         if default_fp is not None and to_dtype(default_fp) != f32:
             raise WgpuAdError(f"default_fp={default_fp!r} is not supported: wgpu_ad computes in ti.f32")
         self.arch = _adapter.normalize_arch(arch)
         self.adapter = _adapter.select_adapter(self.arch, device)
         wanted = [f for f in _adapter.WANTED_FEATURES if f in self.adapter.features]
+        limits = dict(self.adapter.limits)
+        if max_storage_buffers_per_shader_stage is not None:  # e.g. 10, a browser's: the device enforces it
+            n = max_storage_buffers_per_shader_stage
+            if not (isinstance(n, int) and not isinstance(n, bool) and n >= 4):
+                raise WgpuAdError(f"ti.init(max_storage_buffers_per_shader_stage={n!r}): expected an integer of at "
+                                  f"least 4 (a browser's WebGPU allows 8 to 10)")
+            key = "max-storage-buffers-per-shader-stage"
+            limits[key] = min(n, limits[key])
         try:
             self.device = self.adapter.request_device_sync(
-                label="wgpu_ad", required_features=wanted, required_limits=dict(self.adapter.limits))
+                label="wgpu_ad", required_features=wanted, required_limits=limits)
         except Exception as e:
             raise GpuError(f"could not create a device on {_adapter.describe(self.adapter)}: {e}") from e
         self.queue = self.device.queue
@@ -50,6 +58,9 @@ class Runtime(Transfers, Batching, ErrorChecks):
         self.readback_count = 0  # buffer read-backs to the CPU (read / read_view)
         self.dispatch_count = 0  # compute dispatches recorded (tests tell a fused tape launch by it)
         self._stack_buf = None    # scratch for autodiff stacks (see _scratch)
+        # the most bytes of arguments a launch passes: the argument buffer's, less the alignment of
+        # its offsets (plan.UNIFORM_ARG_WORDS: more than a uniform binding holds go in a storage one)
+        self.max_arg_bytes = min(UNIFORM_CAPACITY, self.limits.get("max-storage-buffer-binding-size", 1 << 27))
         self.max_scratch_bytes = min(self.limits.get("max-storage-buffer-binding-size", 1 << 27),
                                      self.limits.get("max-buffer-size", 1 << 28), 1 << 28)
         self.force_emulated_atomics = bool(force_emulated_atomics)
@@ -66,14 +77,17 @@ class Runtime(Transfers, Batching, ErrorChecks):
         self._deferred: list[Deferred] = []  # see defer()
         self.lost: str | None = None  # set by the wgpu log watcher when the device is lost
 
-        self._pipelines = PipelineCache(self.device, self.limits["min-uniform-buffer-offset-alignment"])
+        # (the args' offsets suit a uniform binding and a storage one: plan.UNIFORM_ARG_WORDS)
+        self._pipelines = PipelineCache(self.device, max(self.limits["min-uniform-buffer-offset-alignment"],
+                                                         self.limits.get("min-storage-buffer-offset-alignment", 256)))
         self._encoder = None
         self._pass = None
         self._last_pipeline = None
         self._pending = 0
         self._batch_kernels: list[str] = []
         self._ubuf = self.device.create_buffer(
-            label="wgpu_ad.args", size=UNIFORM_CAPACITY, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+            label="wgpu_ad.args", size=UNIFORM_CAPACITY,
+            usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST)
         self._ubytes = bytearray(UNIFORM_CAPACITY)
         self._uoff = 0
         self._sbuf = self.device.create_buffer(
@@ -125,3 +139,13 @@ class Runtime(Transfers, Batching, ErrorChecks):
     @random_position.setter
     def random_position(self, n: int) -> None:
         self._seed_counter = int(n)
+
+    def stats(self) -> dict:
+        """What holds memory now (ti.runtime_stats()): the wgpu buffers, bind groups and compute
+        pipelines alive in this process (wgpu-py's counts, every device), the bytes of those
+        buffers, and what this runtime's pipeline cache holds. Read after gc.collect() for exact
+        counts: objects in reference cycles wait for the collector."""
+        counts = wgpu.diagnostics.object_counts.get_dict()
+        return {"buffers": counts["Buffer"]["count"], "buffer_bytes": counts["Buffer"].get("resource_mem", 0),
+                "bind_groups": counts["BindGroup"]["count"], "pipelines": counts["ComputePipeline"]["count"],
+                "cached": self._pipelines.counts()}

@@ -2,10 +2,20 @@
 
 The pipeline layout is explicit (layout 'auto' cannot declare dynamic uniform offsets): one bind
 group (group 0) whose entries follow task.bindings.
+
+The caches follow Python's lifetimes (issue 25): a kernel's pipelines live while its CompiledKernel
+does (held weakly, found by id and checked to be the same object), a pipeline while a kernel uses it
+or it is among the 64 latest used, and a cached bind group while every buffer it binds does. A bind
+group holds its buffers on the device, so it must not outlive them; and its key is the ids of its
+buffers, which a later buffer may reuse. So each buffer a cached bind group binds is watched
+(weakref.finalize): its death is noted, and the bind groups that bind it are dropped before the next
+lookup (purge()).
 """
 from __future__ import annotations
 
+import collections
 import re
+import weakref
 from typing import Callable
 
 import wgpu
@@ -15,7 +25,8 @@ from ..plan import CompiledKernel, CompiledTask
 
 WGPU_ERRORS = (wgpu.GPUError, wgpu.GPUPipelineError)
 _WGSL_POS = re.compile(r"wgsl:(\d+):(\d+)")
-_BIND_GROUP_CACHE_MAX = 256  # per task; stale entries keep dead buffers alive, so bound them
+_BIND_GROUP_CACHE_MAX = 256  # per task: bind groups of live buffers that are no longer used
+_RECENT_PIPELINES = 64       # pipelines kept after their kernels are gone (PipelineCache._recent)
 
 
 def args_block_size(arg_words: int) -> int:
@@ -53,46 +64,77 @@ class TaskPipeline:
 
 
 class KernelPipelines:
-    """The TaskPipelines of one CompiledKernel (kept with the kernel so its id stays valid)."""
+    """The TaskPipelines of one CompiledKernel (held weakly: `ck()` is None once it is gone)."""
 
-    __slots__ = ("ck", "tasks")
+    __slots__ = ("ck", "tasks", "built")
 
-    def __init__(self, ck: CompiledKernel, tasks: list[TaskPipeline]):
-        self.ck = ck
+    def __init__(self, ck: CompiledKernel, tasks: list[TaskPipeline], built: list):
+        self.ck = weakref.ref(ck)
         self.tasks = tasks
+        self.built = built  # the _Built of each task: the pipelines live while a kernel uses them
+
+
+class _Built:
+    """A pipeline and its bind group layout, shared by the tasks with the same WGSL."""
+
+    __slots__ = ("pipeline", "layout", "__weakref__")
+
+    def __init__(self, pipeline, layout):
+        self.pipeline, self.layout = pipeline, layout
 
 
 class PipelineCache:
     def __init__(self, device, uniform_alignment: int):
         self.device = device
         self.align = uniform_alignment
-        self._by_source: dict[tuple[str, str], tuple] = {}   # (wgsl, entry) -> (pipeline, layout)
+        # (wgsl, entry) -> _Built, while a kernel's pipelines hold it; the latest ones built or
+        # found are also held here, so that a kernel made again (a notebook cell run again, a
+        # kernel defined in a loop) finds its pipelines without the driver compiling them again
+        self._by_source: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._recent: collections.OrderedDict = collections.OrderedDict()
         self._kernels: dict[int, KernelPipelines] = {}
+        self._users: dict[int, set] = {}  # id(buffer) -> {(TaskPipeline, key)} of the cached bind groups binding it
+        # ids of watched buffers and of CompiledKernels that are gone (appended by finalizers, which
+        # may run at any allocation): purge() drops what they held before the next lookup
+        self.dead: list = []
+        self.dead_kernels: list = []
 
     def kernel(self, ck: CompiledKernel) -> KernelPipelines:
         kp = self._kernels.get(id(ck))
-        if kp is None or kp.ck is not ck:
-            kp = KernelPipelines(ck, [self._task(ck, t) for t in ck.tasks])
+        if kp is None or kp.ck() is not ck:
+            if self.dead_kernels:
+                self.purge()
+            built = [self._built(ck.name, t) for t in ck.tasks]
+            kp = KernelPipelines(ck, [self._task(ck, t, b) for t, b in zip(ck.tasks, built)], built)
             self._kernels[id(ck)] = kp
+            weakref.finalize(ck, self.dead_kernels.append, id(ck))
         return kp
 
-    def _task(self, ck: CompiledKernel, task: CompiledTask) -> TaskPipeline:
+    def _built(self, kernel: str, task: CompiledTask) -> _Built:
         key = (task.wgsl, task.entry_point)
         hit = self._by_source.get(key)
         if hit is None:
-            hit = self._build(ck.name, task)
+            hit = _Built(*self._build(kernel, task))
             self._by_source[key] = hit
-        pipeline, layout = hit
-        has_args = any(b.kind == "args" for b in task.bindings)
+        self._recent[key] = hit
+        self._recent.move_to_end(key)
+        if len(self._recent) > _RECENT_PIPELINES:
+            self._recent.popitem(last=False)
+        return hit
+
+    def _task(self, ck: CompiledKernel, task: CompiledTask, built: _Built) -> TaskPipeline:
+        has_args = any(b.kind in ("args", "args_storage") for b in task.bindings)
         size = args_block_size(ck.arg_words) if has_args else 0
         step = (size + self.align - 1) // self.align * self.align
-        return TaskPipeline(task, pipeline, layout, size, step)
+        return TaskPipeline(task, built.pipeline, built.layout, size, step)
 
     def _build(self, kernel: str, task: CompiledTask) -> tuple:
         entries = []
         for b in task.bindings:
             if b.kind == "args":
                 buf = {"type": wgpu.BufferBindingType.uniform, "has_dynamic_offset": True}
+            elif b.kind == "args_storage":  # (more words than a uniform binding holds)
+                buf = {"type": wgpu.BufferBindingType.read_only_storage, "has_dynamic_offset": True}
             elif b.kind == "buffer" and b.read_only:
                 buf = {"type": wgpu.BufferBindingType.read_only_storage}
             elif b.kind in ("buffer", "error", "ret", "stack", "print"):
@@ -116,22 +158,58 @@ class PipelineCache:
 
     def bind_group(self, kernel: str, tp: TaskPipeline, key: tuple, resolve: Callable[[str, int], object]):
         """Create (and cache under `key`) the bind group; resolve(kind, key) gives each buffer."""
-        entries, keep = [], []
+        entries, bufs = [], []
         for b in tp.task.bindings:
             buf = resolve(b.kind, b.key)
-            keep.append(buf)
-            size = tp.args_size if b.kind == "args" else buf.size
+            bufs.append(buf)
+            size = tp.args_size if b.kind in ("args", "args_storage") else buf.size
             entries.append({"binding": b.binding, "resource": {"buffer": buf, "offset": 0, "size": size}})
         try:
             bg = self.device.create_bind_group(label=tp.task.name, layout=tp.layout, entries=entries)
         except WGPU_ERRORS as e:
             raise GpuError(f"kernel '{kernel}' (task '{tp.task.name}'): WebGPU rejected its buffers\n{e}") from None
         if len(tp.bind_groups) >= _BIND_GROUP_CACHE_MAX:
-            tp.bind_groups.clear()
-        tp.bind_groups[key] = (bg, keep)  # keep: the buffers stay alive, so their ids stay unique
+            for old in list(tp.bind_groups):
+                self._drop(tp, old)
+        ids = []
+        for buf in bufs:
+            users = self._users.get(id(buf))
+            if users is None:
+                users = self._users[id(buf)] = set()
+                weakref.finalize(buf, self.dead.append, id(buf))
+            users.add((tp, key))
+            ids.append(id(buf))
+        tp.bind_groups[key] = (bg, ids)
         return bg
+
+    def _drop(self, tp: TaskPipeline, key: tuple) -> None:
+        hit = tp.bind_groups.pop(key, None)
+        for i in hit[1] if hit is not None else ():
+            users = self._users.get(i)
+            if users is not None:
+                users.discard((tp, key))
+
+    def purge(self) -> None:
+        """Drop the bind groups of buffers that are gone, and the pipelines of kernels that are."""
+        while self.dead:
+            for tp, key in self._users.pop(self.dead.pop(), ()):
+                self._drop(tp, key)
+        while self.dead_kernels:
+            i = self.dead_kernels.pop()
+            kp = self._kernels.get(i)
+            if kp is not None and kp.ck() is None:
+                del self._kernels[i]
+                for tp in kp.tasks:
+                    for key in list(tp.bind_groups):
+                        self._drop(tp, key)
 
     def clear_bind_groups(self) -> None:
         for kp in self._kernels.values():
             for tp in kp.tasks:
-                tp.bind_groups.clear()
+                for key in list(tp.bind_groups):
+                    self._drop(tp, key)
+
+    def counts(self) -> dict:
+        """What the cache holds (ti.runtime_stats())."""
+        return {"kernels": len(self._kernels), "pipelines": len(self._by_source),
+                "bind_groups": sum(len(tp.bind_groups) for kp in self._kernels.values() for tp in kp.tasks)}

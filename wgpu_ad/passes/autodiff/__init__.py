@@ -1,11 +1,11 @@
 """Automatic differentiation on the IR: reverse mode (adjoint.py's steps, reverse.py's emitter)
 and forward mode (forward.py) with their rules (rules.py), and the steps of every kernel derived
-from a forward kernel as named lists (derive.py: FORWARD, CHECKED, DUAL; adjoint.py: ADJOINT)."""
+from a forward kernel as named lists (derive.py: FORWARD, CHECKS, CHECKED, DUAL; adjoint.py: ADJOINT)."""
 from __future__ import annotations
 
 from ...ir.nodes import Kernel
 from .adjoint import ADJOINT, NOTHING, adjoint_steps
-from .derive import (CHECKED, DEFAULT_STACK_SIZE, DUAL, FORWARD, AdjointPlan, AdjointRequest, Derivation,
+from .derive import (CHECKED, CHECKS, DEFAULT_STACK_SIZE, DUAL, FORWARD, AdjointPlan, AdjointRequest, Derivation,
                      derive)
 from .fuse import NotFusable
 
@@ -22,6 +22,6 @@ def adjoint_kernel(kernel: Kernel, request: AdjointRequest, **switches) -> tuple
     return d.ir, d.plan
 
 
-__all__ = ["ADJOINT", "NOTHING", "CHECKED", "DUAL", "FORWARD", "AdjointPlan", "AdjointRequest", "Derivation",
+__all__ = ["ADJOINT", "NOTHING", "CHECKED", "CHECKS", "DUAL", "FORWARD", "AdjointPlan", "AdjointRequest", "Derivation",
            "DEFAULT_STACK_SIZE", "NotFusable", "adjoint_kernel", "adjoint_steps", "derive",
            "derive_adjoint"]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from ...errors import NotDifferentiableError
 from ...ir.nodes import Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
+from .access_pairs import Pairs, canonical
 
 Affine = dict  # key -> coefficient; key None is the constant term
 
@@ -181,10 +182,14 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
     groups = list(by_buf.values())
     loops = _enclosing_loops(kernel)
     ranges = {id(s): s for t in kernel.tasks for s in walk(t.body) if s.op is Op.RANGE_FOR}
-    for group in groups:  # reads first: their message is the more useful one
-        loads = [s for s in group if s.op is Op.GLOBAL_LOAD and id(s) not in snapshot_loads]
-        for w in (s for s in group if s.op is not Op.GLOBAL_LOAD):
-            for load in loads:
+    # only the pairs not provably apart are looked at (access_pairs.py: the checks were quadratic)
+    pairs = [Pairs(group, lambda x: affine(x, ld)) for group in groups]
+    for group, near in zip(groups, pairs):  # reads first: their message is the more useful one
+        loads = near.mask(lambda s: s.op is Op.GLOBAL_LOAD and id(s) not in snapshot_loads)
+        for k, w in enumerate(group):
+            if w.op is Op.GLOBAL_LOAD:
+                continue
+            for load in near.near(k, loads):
                 if task_of[id(w)] < task_of[id(load)]:
                     continue  # an earlier dispatch wrote it: the replay reads the same value
                 write_first = pos[id(w)] < pos[id(load)]
@@ -195,17 +200,19 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
                         checks.write(w, load, lambda load=load, w=w: _refuse_read_then_write(kernel, load, w))
                     else:
                         _refuse_read_then_write(kernel, load, w)
-    for group in groups:
-        writes = [s for s in group if s.op is not Op.GLOBAL_LOAD]
-        for w in writes:
+    for group, near in zip(groups, pairs):
+        writes = near.mask(lambda s: s.op is not Op.GLOBAL_LOAD)
+        adds = near.mask(lambda s: s.op is Op.ATOMIC and s.attr[0] in (AtomicKind.ADD, AtomicKind.SUB))
+        for k, w in enumerate(group):
+            if w.op is Op.GLOBAL_LOAD:
+                continue
             if w.op is not Op.ATOMIC and not _injective(w, loops[id(w)], ld, loops):  # atomics accumulate
                 if checks is not None and _data_dependent(w, ld):
                     checks.write(w, None, lambda w=w: _refuse_repeated_write(kernel, w))
                 else:
                     _refuse_repeated_write(kernel, w)
-            for w2 in writes:
-                if pos[id(w2)] <= pos[id(w)]:
-                    continue
+            later = writes & ~((2 << k) - 1) & ~(adds if adds >> k & 1 else 0)  # (two adds accumulate)
+            for w2 in near.near(k, later):
                 both_add = all(x.op is Op.ATOMIC and x.attr[0] in (AtomicKind.ADD, AtomicKind.SUB) for x in (w, w2))
                 if both_add or _safe_writes(w, w2, ld) or (
                         task_of[id(w)] == task_of[id(w2)] and _thread_apart(w, w2, loops, ld, ranges)):
@@ -239,12 +246,19 @@ def _uncheckable(group: list, checks: RuntimeChecks, task_of: dict, ld: dict, sn
     (`y[p[i]] = a` and then, maybe, `y[p[i]] = b`: right, but the check counts stores per element);
     or the field has reads that replay a copy from before the launch (promote.py), which a store
     of another thread before the read would make wrong and which the check does not track."""
+    if not any(id(w) in checks.refusals for w in group):
+        return
+    snapshots = any(id(s) in snapshot_loads for s in group)
+    stores: dict = {}  # (task, index forms) -> how many stores of the group have them (_same_element)
+    forms = {}
+    for s in group:
+        if s.op is Op.GLOBAL_STORE and s.index is not None:
+            forms[id(s)] = (task_of[id(s)], tuple(canonical(affine(x, ld)) for x in s.index))
+            stores[forms[id(s)]] = stores.get(forms[id(s)], 0) + 1
     for w in group:
         if id(w) not in checks.refusals:
             continue
-        if any(id(s) in snapshot_loads for s in group) or any(
-                w2 is not w and w.op is w2.op is Op.GLOBAL_STORE and task_of[id(w)] == task_of[id(w2)]
-                and _same_element(w, w2, ld) for w2 in group):
+        if snapshots or stores.get(forms.get(id(w)), 0) > 1:
             checks.refusals[id(w)]()
 
 

@@ -2,8 +2,10 @@
 with passes/pipeline.py run_steps (WGPU_AD_PRINT_IR prints the IR after each step, the verifier
 checks it in tests and debug mode):
 
-    FORWARD   promote, snapshot, runtime-checks                   the code a forward launch runs
-    CHECKED   FORWARD, then instrument                            a forward that checks its accesses
+    FORWARD   promote, snapshot                                   the code a forward launch runs
+    CHECKS    FORWARD, then runtime-checks                        what a launch that a gradient may be
+                                                                  asked for checks (run on first need)
+    CHECKED   CHECKS, then instrument                             a forward that checks its accesses
     DUAL      promote, tangent                                    forward mode (forward.py)
     ADJOINT   promote, snapshot, redirect, check, fuse, ...       reverse mode (adjoint.py)
 
@@ -148,8 +150,9 @@ def tangent(s: Derivation) -> Derivation:
     return dataclasses.replace(s, ir=dual_kernel(s.primal, s.request))
 
 
-FORWARD = [("promote", promote), ("snapshot", snapshot), ("runtime-checks", runtime_checks)]
-CHECKED = FORWARD + [("instrument", instrument_checks)]
+FORWARD = [("promote", promote), ("snapshot", snapshot)]
+CHECKS = FORWARD + [("runtime-checks", runtime_checks)]
+CHECKED = CHECKS + [("instrument", instrument_checks)]
 DUAL = [("promote", promote), ("tangent", tangent)]
 
 
