@@ -14,6 +14,7 @@ from ..types import MatrixType, VectorType, to_dtype
 from .external import EXTERNALS, Externals, describe, is_external
 from .launch import Launcher, binding_limit_error, check_binding_limit, launch
 from .keep import LaunchKeep
+from .kernel_text import KernelText
 from .specialised import can_hold, specialisations, without_specialisations
 
 
@@ -120,7 +121,7 @@ def _reduce_by_name(obj, what: str):
     return _by_name, (mod, qual)
 
 
-class Kernel:
+class Kernel(KernelText):
     """@ti.kernel: compiled on first call for each combination of template values and ndarray types."""
 
     _wgpu_ad_kernel = True
@@ -384,48 +385,6 @@ class Kernel:
         except TypeError as e:
             raise KernelArgError(f"kernel '{self.__name__}': {e}") from None
         return tuple(ba.arguments[p.name] for p in self.params)
-
-    # ---- inspection -------------------------------------------------------------------
-    def get_ir(self, *args) -> str:
-        """The optimised IR of the kernel specialised for these arguments."""
-        from ..ir.printer import format_kernel
-        return format_kernel(self._get(args)[0].ir)
-
-    def get_wgsl(self, *args, grad: bool = False, checked: bool = False, dual: bool = False,
-                 task: int | None = None) -> str:
-        """The generated WGSL of the kernel (or of its adjoint, with checked=True of its checked
-        forward variant when it has one, with dual=True of its dual kernel) for these arguments.
-        Each task (a top-level loop or serial block) is a WGSL module of its own: the text holds
-        them one after another, each starting with its `// wgpu_ad kernel ..., task k` line;
-        task=k gives task k's module alone, which a WebGPU device compiles as it is."""
-        lc = (self._get_grad(args) if grad else self._get_dual(args) if dual else self._get(args))[0]
-        if checked and lc.compiled.shadowed:
-            lc = _session.autodiff().checked_variant(self, lc)
-        tasks = lc.ck.tasks
-        if task is not None:
-            if not (isinstance(task, int) and -len(tasks) <= task < len(tasks)):
-                raise IndexError(f"{self.__name__}.get_wgsl(task={task!r}): the kernel has {len(tasks)} "
-                                 f"task{'s' if len(tasks) != 1 else ''} (0 to {len(tasks) - 1})")
-            return tasks[task].wgsl
-        return "\n".join(t.wgsl for t in tasks)
-
-    def get_grad_ir(self, *args) -> str:
-        """The optimised IR of the kernel's adjoint for these arguments."""
-        from ..ir.printer import format_kernel
-        return format_kernel(self._get_grad(args)[0].ir)
-
-    def get_dual_ir(self, *args) -> str:
-        """The optimised IR of the kernel's dual kernel (forward mode) for these arguments."""
-        from ..ir.printer import format_kernel
-        return format_kernel(self._get_dual(args)[0].ir)
-
-    def print_ir(self, *args) -> None:
-        """Print get_ir(*args)."""
-        print(self.get_ir(*args))
-
-    def print_wgsl(self, *args) -> None:
-        """Print get_wgsl(*args)."""
-        print(self.get_wgsl(*args))
 
 
 class _GradLauncher:
