@@ -394,3 +394,39 @@ def test_one_component_stored_then_the_element_read(then):
     assert_grad(x.grad.to_numpy(), central_diff(lambda xv: f(xv, t0, m0), x0))
     assert_grad(t.grad.to_numpy(), central_diff(lambda tv: f(x0, tv, m0), t0))
     assert_grad(M.grad.to_numpy(), central_diff(lambda mv: f(x0, t0, mv), m0))
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_atomic_max_gives_no_gradient_to_the_value_it_beat(kind):
+    """Found writing the fuzzer's atomic min / max (issue 26): y = max(y0, 2 x_0, ..., 2 x_3) by
+    ti.atomic_max, loss = 3 y. The adjoint sent 3 to the winning x and also left y.grad = 3 for
+    y0, which lost: d loss / d y0 must be 0 (and 3 where y0 wins)."""
+    x = ti.field(ti.f32, shape=N, needs_grad=True)
+    y = ti.field(ti.f32, shape=(), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    sign = 1.0 if kind == "max" else -1.0
+
+    atomic = ti.atomic_max if kind == "max" else ti.atomic_min
+
+    @ti.kernel
+    def extreme():
+        for i in range(N):
+            atomic(y[None], 2.0 * x[i])
+
+    @ti.kernel
+    def total():
+        loss[None] += 3.0 * y[None]
+
+    x0 = np.array([0.1, 0.7, -0.3, 0.4]) * sign
+    for y0 in (0.2 * sign, 2.0 * sign):   # beaten by 2 x_1, then winning
+        x.from_numpy(x0.astype(np.float32))
+        y[None] = y0
+
+        def f(v, y0=y0):
+            return 3.0 * (max(y0, *(2 * v)) if kind == "max" else min(y0, *(2 * v)))
+        with ti.ad.Tape(loss):
+            extreme()
+            total()
+        assert loss[None] == pytest.approx(f(x0), rel=1e-6)
+        assert_grad(x.grad.to_numpy(), central_diff(f, x0))
+        assert y.grad[None] == (0.0 if abs(y0) < 1 else 3.0)

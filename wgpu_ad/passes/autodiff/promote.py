@@ -32,21 +32,20 @@ from .access import _at_most_once, _combine, _enclosing_loops, _private_dims, _s
 
 
 def promote_elements(kernel: Kernel) -> Kernel:
-    """Rewrite, in place, every qualifying element of every serial loop of the range tasks; and
+    """Rewrite, in place, every qualifying element of every serial loop of the tasks; and
     forward stores to later loads of the same element in the same block (the thread's own element:
     the load reads what the thread just stored), so that no load sees a value stored in the launch."""
     for t in kernel.tasks:
-        if t.kind == "range":
-            par = _parallel_keys(kernel, t)
-            if par is not None:
-                _demote_private_atomics(t, kernel, par)
-                mapping: dict = {}
-                _forward(t.body, kernel, par, mapping)
-                substitute(kernel, mapping)
-            _block(t.body, kernel, par)
-            if par is not None:
-                _promote_task(t, kernel, par)
-            _inductions(t.body, kernel)
+        par = _parallel_keys(kernel, t)
+        if par is not None:
+            _demote_private_atomics(t, kernel, par)
+            mapping: dict = {}
+            _forward(t.body, kernel, par, mapping)
+            substitute(kernel, mapping)
+        _block(t.body, kernel, par)
+        if par is not None:
+            _promote_task(t, kernel, par)
+        _inductions(t.body, kernel)
     return kernel
 
 
@@ -319,8 +318,6 @@ def snapshot_loads(kernel: Kernel) -> dict[int, list]:
     ld = kernel.loop_dims
     out: dict[int, list] = {}
     for t in kernel.tasks:
-        if t.kind != "range":
-            continue
         order = [s for s in walk(t.body) if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE)]
         stored: dict[int, list] = {}  # id(buffer) -> the stores earlier in the task
         for n, load in enumerate(order):
@@ -352,9 +349,10 @@ def _serial(loops: dict, s: Stmt) -> set:
 
 
 def _parallel_keys(kernel: Kernel, t: Task) -> set | None:
-    """The keys of the task's parallel indices (none for a loop of at most one iteration: one
-    thread), or None when the analyses cannot name them."""
-    if _at_most_once(t.begin, t.end):
+    """The keys of the task's parallel indices (none for a loop of at most one iteration, or for
+    the kernel's top-level code, a serial task: one thread runs it once, the single iteration of
+    a loop), or None when the analyses cannot name them."""
+    if t.kind != "range" or _at_most_once(t.begin, t.end):
         return set()
     dims = {d for (task, d) in kernel.loop_dims.values() if task is t}
     return {("pdim", id(t), d) for d in dims} if dims else None

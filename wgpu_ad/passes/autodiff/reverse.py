@@ -267,7 +267,14 @@ class AdjointEmitter(RuleBuilder):
             self.accumulate(val, b.emit(Op.NEG, [g]))
         else:  # min/max: the adjoint goes to the values equal to the final result
             final = b.emit(Op.GLOBAL_LOAD, [idx], f32, buf)
-            self.accumulate(val, b.select(b.emit(Op.EQ, [final, self.pm[id(val)]]), g, b.const(0.0, f32)))
+            won = b.emit(Op.EQ, [final, self.pm[id(val)]])
+            self.accumulate(val, b.select(won, g, b.const(0.0, f32)))
+            # the winner took the element's gradient: the value before (the field's, or an earlier
+            # iteration's) lost, so it gets none (only the winner reads it: no other thread races)
+            if self.consume:
+                iff = b.if_(won)
+                with b.at(iff.blocks[0]):
+                    b.emit(Op.GLOBAL_STORE, [idx, b.const(0.0, f32)], None, self.grads[id(buf)])
 
     def rev_loop(self, s: Stmt) -> None:
         b = self.b
