@@ -197,15 +197,15 @@ def _load(prog: Program, folder) -> dict:
 
 def _set(fields, inputs) -> None:
     for name, f in fields.items():
-        f.from_numpy(inputs[name].astype(np.int32 if name == "cnt" else np.float32))
+        f.from_numpy(inputs[name].astype(np.int32 if name in ("cnt", "perm") else np.float32))
 
 
 def _check_forward(fields, launches, inputs, want_fields, want_rets) -> None:
     _set(fields, inputs)
     by_id = {id(f): (n, f) for n, f in fields.items()}
     # a kernel taking an ndarray binds its gradient too (the IR interpreter returns it): unchanged
-    by_id.update({id(f.grad): (f"{n}.grad", f.grad) for n, f in fields.items() if n != "cnt"})
-    by_id.update({id(f.dual): (f"{n}.dual", f.dual) for n, f in fields.items() if n != "cnt"})  # so do duals
+    by_id.update({id(f.grad): (f"{n}.grad", f.grad) for n, f in fields.items() if n not in ("cnt", "perm")})
+    by_id.update({id(f.dual): (f"{n}.dual", f.dual) for n, f in fields.items() if n not in ("cnt", "perm")})  # so do duals
     for step, (k, args) in enumerate(launches):
         ref, ref_ret = run_on_reference(k, *args)
         ret = k(*args)

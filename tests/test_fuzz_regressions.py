@@ -430,3 +430,31 @@ def test_atomic_max_gives_no_gradient_to_the_value_it_beat(kind):
         assert loss[None] == pytest.approx(f(x0), rel=1e-6)
         assert_grad(x.grad.to_numpy(), central_diff(f, x0))
         assert y.grad[None] == (0.0 if abs(y0) < 1 else 3.0)
+
+
+def test_atomic_min_of_a_constant_takes_the_gradient_from_the_value_it_beat():
+    """fuzz seed 0 (reduced): ti.atomic_min(x[i], k * 0.28) in a serial loop, of constants (no
+    gradient to give): where a constant wins, x's initial value lost and gets none (it kept
+    d loss / d x = 1 before)."""
+    x = ti.field(ti.f32, shape=N, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def clamp():
+        for i in range(N):
+            for k in range(2):
+                ti.atomic_min(x[i], k * 0.28)
+
+    @ti.kernel
+    def total():
+        for i in range(N):
+            loss[None] += ti.sin(x[i] + 0.3)
+
+    x0 = np.array([-0.5, 0.1, 0.6, -0.2])
+    x.from_numpy(x0.astype(np.float32))
+    with ti.ad.Tape(loss):
+        clamp()
+        total()
+    x32 = x0.astype(np.float32).astype(np.float64)
+    np.testing.assert_allclose(x.to_numpy(), np.minimum(x32, 0.0), atol=1e-7)
+    np.testing.assert_allclose(x.grad.to_numpy(), np.where(x32 < 0, np.cos(x32 + 0.3), 0.0), rtol=1e-6)
