@@ -19,20 +19,38 @@ choices add, each to about a third of the programs:
   * ndarrays: inputs na (n,) and nv (n, 2) made by ti.ndarray(..., needs_grad=True), and some
     temporaries, passed to the kernels that use them as `ti.types.ndarray()` arguments, so their
     gradients come from the ndarray paths of reverse mode.
+  * indices read from data: an i32 permutation perm, read through (`a[perm[i]]`) and stored
+    through (`P[perm[i]] = ...` into a fresh temporary), which the launch checks at run time;
+  * a 3-D input q (n, 3, 2), read at computed indices (`q[i % n, k % 3, i % 2]`).
+Each kernel may also get, with a field of its own: top-level code before its loop that reads a
+0-d field G and then overwrites it (`G = e * G + e'`, or `G += e; G *= e'`: Taichi's data-access
+rules #1 and #2, one thread run once), which the loop may read; a recurrence
+`R[t + 1, i] = f(R[t, i])` over a serial loop t, stored under an equality on an inner loop's index
+(`for jj in range(2): if jj == t % 2:`: once per step, at a computed index); ti.atomic_max /
+atomic_min into the thread's own element of a fresh X (maybe in a serial loop). A kernel with an
+argument is sometimes launched twice, with different values.
 Kernels are parallel loops over range(n), a field, or pairs `ti.ndrange(n, n)` (or a 2-D field),
 and kernel-scope reductions `s = 0.0; for i in ...: s += ...`. Their bodies mix locals, vector
 and matrix locals, serial loops with mutable locals (constant, field-read or static trip counts;
-`while`; `break` / `continue` on data), if/else on data, helper calls, and writes: stores to fresh
+`while`; `break` / `continue` on data), if/elif/else on data, helper calls, swizzles (`u.yx`),
+indices `i % n` and `(i + 1) % n`, and writes: stores to fresh
 temporaries (a 1-D loop stores T[i] of a (n,) temporary, a pair loop T[i, j] of a fresh (n, n)
 one that later kernels read), in-place updates `x[i] = f(x[i])` and `x[i, j] = f(x[i, j])` (also
-in serial loops), and `+=` into any field the kernel does not read; stencil reads of fields the
+in serial loops, also only in some iterations: under `if k == c` or a condition on data), and
+`+=`, `-=`, ti.atomic_add / atomic_sub into any field the kernel does not read; stencil reads of fields the
 kernel does not write at the parallel index plus a constant offset under a bounds check
 (`if 0 <= i + 1 < n: ... a[i + 1]`), whose adjoints are scatters or gathers. The last kernel
 reads every element of every float field into the loss.
 
+Not generated: ti.stop_grad / ti.ad.no_grad (central differences of the shim cannot model a
+gradient cut on purpose; tests/test_ad_checks.py and the Taichi behaviour tests cover them),
+template arguments, and ti.ad.checkpoint (tests/test_fuzz_checkpoint.py).
+
 Why it is race-free: a store writes the element of the iteration's own index ([i] in a 1-D loop,
 [i, j] in a pair loop), and the kernel reads that field only there; a field a kernel accumulates
-into with += is not read by it.
+into with += is not read by it; a field written by a shape of its own (R, P, X) is read by nothing
+else in that kernel, and what a kernel reads is written by no later kernel (a kernel launched
+twice does not read in its loop the 0-d field its top level overwrites).
 Why it is well conditioned: inputs are in [-1, 1]; division is by 1 + e*e or 2 + sin(e); sqrt and
 log take 1 + e*e or 2 + cos(e); exp takes tanh(e); serial recurrences contract (factor 1/2), and
 so does a product of matrix expressions (`A @ B * 0.5`).

@@ -210,15 +210,17 @@ def _bounds(a: Stmt, depth: int = 0) -> tuple | None:
     if rx is None or ry is None:
         return None
     if a.op is Op.ADD:
-        return rx[0] + ry[0], rx[1] + ry[1]
-    if a.op is Op.SUB:
-        return rx[0] - ry[1], rx[1] - ry[0]
-    if a.op is Op.MUL:
+        out = rx[0] + ry[0], rx[1] + ry[1]
+    elif a.op is Op.SUB:
+        out = rx[0] - ry[1], rx[1] - ry[0]
+    elif a.op is Op.MUL:
         p = [u * v for u in rx for v in ry]
-        return min(p), max(p)
-    if ry[0] == ry[1] and ry[0] > 0 and rx[0] >= 0:  # // by a positive constant
-        return rx[0] // ry[0], rx[1] // ry[0]
-    return None
+        out = min(p), max(p)
+    elif ry[0] == ry[1] and ry[0] > 0 and rx[0] >= 0:  # // by a positive constant
+        out = rx[0] // ry[0], rx[1] // ry[0]
+    else:
+        return None
+    return out if -2**31 <= out[0] and out[1] < 2**31 else None  # no wrapping in between
 
 
 def _bit_and(s, a, b):
