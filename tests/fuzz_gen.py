@@ -37,8 +37,8 @@ indices `i % n` and `(i + 1) % n`, and writes: stores to fresh
 temporaries (a 1-D loop stores T[i] of a (n,) temporary, a pair loop T[i, j] of a fresh (n, n)
 one that later kernels read), in-place updates `x[i] = f(x[i])` and `x[i, j] = f(x[i, j])` (also
 in serial loops, also only in some iterations: under `if k == c` or a condition on data), and
-`+=`, `-=`, ti.atomic_add / atomic_sub into any field the kernel does not read; stencil reads of fields the
-kernel does not write at the parallel index plus a constant offset under a bounds check
+`+=`, `-=`, ti.atomic_add / atomic_sub into any field the kernel does not read; stencil reads of
+fields the kernel does not write at the parallel index plus a constant offset under a bounds check
 (`if 0 <= i + 1 < n: ... a[i + 1]`), whose adjoints are scatters or gathers. The last kernel
 reads every element of every float field into the loss.
 
@@ -111,7 +111,7 @@ class _Kernel:
     args: list = field(default_factory=list)
     reads: set = field(default_factory=set)        # fields read
     flat: bool = False                             # no serial loops: a stencil's body (gatherable adjoint)
-    hidden: set = field(default_factory=set)       # fields written by a shape of their own: nothing else here reads them
+    hidden: set = field(default_factory=set)       # written by a shape of their own: read by nothing else here
 
 
 class _Scope:

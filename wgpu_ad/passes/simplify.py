@@ -8,7 +8,8 @@ Identities are applied only where they are exact for every input, NaN, inf and -
   floats: x * 1.0, 1.0 * x, x / 1.0, x - 0.0, x + (-0.0), -(-x)  ->  x
           (NOT x + 0.0: -0.0 + 0.0 is +0.0; NOT x * 0.0: NaN and inf; NOT x - x)
   ints:   x + 0, x - 0, x * 1, x / 1, x // 1, x | 0, x ^ 0, x & -1, x << 0, x >> 0, x | x, x & x
-          -> x;  x % n -> x where a loop's range proves 0 <= x < n (`for i in range(n)`: i % n);  x + (y - x), (y - x) + x -> y;  x * 0, x & 0, x % 1, x - x, x ^ x -> 0;  x == x etc. -> constant
+          -> x;  x % n -> x where a loop's range proves 0 <= x < n (`for i in range(n)`: i % n);
+          x + (y - x), (y - x) + x -> y;  x * 0, x & 0, x % 1, x - x, x ^ x -> 0;  x == x etc. -> constant
   bools:  x and True, x or False, x and x, x or x, not not x -> x;  x and False -> False, ...
   select with a constant condition or equal branches; cast to the operand's own type.
 An IF with a constant condition is replaced by the statements of the taken block (BREAK and

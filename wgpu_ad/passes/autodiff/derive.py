@@ -61,8 +61,8 @@ class AdjointPlan:
 
     snapshot: id(field buffer) -> the reads of it that an update overwrites (promote.py), which
     read a copy taken before the launch; `redirected`: their ids, and those of the reads an update
-    overwrites whose values the adjoint does not read (needed.py), which read no copy. snapshots: (field buffer, its
-    snapshot buffer) pairs in the adjoint's IR (redirect). checks: the accesses the forward launch
+    overwrites whose values the adjoint does not read (needed.py), which read no copy. snapshots:
+    (field buffer, its snapshot buffer) pairs in the adjoint's IR (redirect). checks: the accesses the forward launch
     checks at run time (shadow.py), None when the kernel cannot be differentiated anyway (its
     adjoint says why). shadows: the checked variant's Shadow sources (instrument)."""
 
