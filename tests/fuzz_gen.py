@@ -28,7 +28,8 @@ rules #1 and #2, one thread run once), which the loop may read; a recurrence
 `R[t + 1, i] = f(R[t, i])` over a serial loop t, stored under an equality on an inner loop's index
 (`for jj in range(2): if jj == t % 2:`: once per step, at a computed index); ti.atomic_max /
 atomic_min into the thread's own element of a fresh X (maybe in a serial loop). A kernel with an
-argument is sometimes launched twice, with different values.
+argument is sometimes launched twice, with different values; a field a kernel uses is sometimes
+passed to it as a ti.template() argument (the parameter has the field's name).
 Kernels are parallel loops over range(n), a field, or pairs `ti.ndrange(n, n)` (or a 2-D field),
 and kernel-scope reductions `s = 0.0; for i in ...: s += ...`. Their bodies mix locals, vector
 and matrix locals, serial loops with mutable locals (constant, field-read or static trip counts;
@@ -44,7 +45,7 @@ reads every element of every float field into the loss.
 
 Not generated: ti.stop_grad / ti.ad.no_grad (central differences of the shim cannot model a
 gradient cut on purpose; tests/test_ad_checks.py and the Taichi behaviour tests cover them),
-template arguments, and ti.ad.checkpoint (tests/test_fuzz_checkpoint.py).
+and ti.ad.checkpoint (tests/test_fuzz_checkpoint.py).
 
 Why it is race-free: a store writes the element of the iteration's own index ([i] in a 1-D loop,
 [i, j] in a pair loop), and the kernel reads that field only there; a field a kernel accumulates
@@ -134,6 +135,7 @@ class Generator:
     def __init__(self, seed: int):
         self.seed = seed
         self.rng = np.random.default_rng(seed)
+        self.trng = np.random.default_rng(seed + 7 * 10**6)  # template arguments (signature)
         self.n = int(self.rng.integers(3, 7))
         self.kinds = dict(FLOAT_INPUTS)   # every float field -> "s" | "v" | "M" | "m" | "0"
         self.nd: set[str] = set()         # which of them are ndarrays (kernel arguments)
@@ -649,7 +651,14 @@ class Generator:
         kernel takes an ndarray as an argument; the parameter has the ndarray's name)."""
         text = "\n".join(self.out[start:])
         nds = [x for x in self.kinds if x in self.nd and re.search(rf"\b{x}\[", text)]
-        sig = [f"{x}: ti.types.ndarray()" for x in nds] + [f"{a}: ti.f32" for a in args]
+        sig = [f"{x}: ti.types.ndarray()" for x in nds]
+        # sometimes a field the kernel uses is a ti.template() argument instead (drawn from an RNG
+        # of its own, so the programs are otherwise those of the generator before templates)
+        used = [x for x in list(self.kinds) + ["loss"] if x not in self.nd and re.search(rf"\b{x}\b", text)]
+        if used and self.trng.random() < 0.2:
+            tpl = used[int(self.trng.integers(len(used)))]
+            nds, sig = nds + [tpl], sig + [f"{tpl}: ti.template()"]
+        sig += [f"{a}: ti.f32" for a in args]
         self.out[start] = self.out[start].replace("(ARGS)", f"({', '.join(sig)})")
         return nds
 
