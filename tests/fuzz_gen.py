@@ -67,6 +67,7 @@ import numpy as np
 FLOAT_INPUTS = {"a": "s", "b": "s", "v": "v", "m": "m", "w": "0"}   # name -> kind
 # kinds: "s" (n,) scalars, "v" (n,) vec2, "M" (n,) 2x2 matrices, "m" (n, n) scalars, "0" a 0-d scalar,
 # "c" (n, 3, 2) scalars (a 3-D field)
+LOSS_FIELDS = 10   # fields per loss kernel
 SHAPES = {"s": lambda n: (n,), "v": lambda n: (n, 2), "M": lambda n: (n, 2, 2), "m": lambda n: (n, n),
           "0": lambda n: (), "c": lambda n: (n, 3, 2)}
 
@@ -774,36 +775,43 @@ class Generator:
             self.emit(depth, f"ti.atomic_{op}({x}[i], {self.expr(sc, 2)})")
 
     def loss_kernel(self) -> None:
-        """The last kernel reads every float field (every element of it), so every input gets a
-        gradient."""
+        """The last kernels read every float field (every element of it), so every input gets a
+        gradient: `total`, and another one per LOSS_FIELDS fields past the first ones (a kernel
+        binds each field with its gradient or its dual: lavapipe allows 32 buffers per shader)."""
+        items = list(self.kinds.items())
+        for at in range(0, len(items), LOSS_FIELDS):
+            self.loss_part(items[at:at + LOSS_FIELDS], "total" if at == 0 else self.fresh("k"))
+
+    def loss_part(self, items: list, name: str) -> None:
         self.k = _Kernel(added={"loss"})
         self.emit(1, "@ti.kernel")
         start = len(self.out)
-        self.emit(1, "def total(ARGS):")
+        self.emit(1, f"def {name}(ARGS):")
         self.emit(2, f"for i in range({self.n}):")
         terms, n = [], self.n
-        for name, kind in self.kinds.items():
+        for name_, kind in items:
             c = self.const(0.3, 0.9)
             if kind == "s":
-                terms.append(self.pick([f"{c} * {name}[i]", f"{c} * ti.sin({name}[i] + 0.3)",
-                                        f"{c} * {name}[i] * {name}[i]"]))
+                terms.append(self.pick([f"{c} * {name_}[i]", f"{c} * ti.sin({name_}[i] + 0.3)",
+                                        f"{c} * {name_}[i] * {name_}[i]"]))
             elif kind == "v":
-                terms.append(f"{name}[i].dot(ti.Vector([{c}, {self.const(0.3, 0.9)}]))")
+                terms.append(f"{name_}[i].dot(ti.Vector([{c}, {self.const(0.3, 0.9)}]))")
             elif kind == "M":
-                terms.append(f"{c} * {name}[i].norm_sqr() + {name}[i].trace() * {self.const(0.3, 0.9)} + "
-                             f"{self.const(0.3, 0.9)} * {name}[i]{self.mcomp()}")
+                terms.append(f"{c} * {name_}[i].norm_sqr() + {name_}[i].trace() * {self.const(0.3, 0.9)} + "
+                             f"{self.const(0.3, 0.9)} * {name_}[i]{self.mcomp()}")
             elif kind == "c":
                 self.emit(3, "for j, l in ti.ndrange(3, 2):")
-                self.emit(4, f"loss[None] += {c} * ti.sin({name}[i, j, l] + 0.3) * (j + 1.0 - l)")
+                self.emit(4, f"loss[None] += {c} * ti.sin({name_}[i, j, l] + 0.3) * (j + 1.0 - l)")
             elif kind == "m":
                 self.emit(3, f"for j in range({n}):")
-                self.emit(4, f"loss[None] += {c} * ti.sin({name}[i, j] + 0.3) + "
-                             f"{self.const(0.3, 0.9)} * {name}[i, j] * {name}[j, (i + 1) % {n}]")
+                self.emit(4, f"loss[None] += {c} * ti.sin({name_}[i, j] + 0.3) + "
+                             f"{self.const(0.3, 0.9)} * {name_}[i, j] * {name_}[j, (i + 1) % {n}]")
             else:
-                terms.append(f"{c} * {name}[None] * {name}[None] / {n}")
-        self.emit(3, "loss[None] += " + " + ".join(terms))
+                terms.append(f"{c} * {name_}[None] * {name_}[None] / {n}")
+        if terms:
+            self.emit(3, "loss[None] += " + " + ".join(terms))
         args = self.signature(start, [])
-        self.launches.append(f"(total, ({', '.join(args)}{',' if args else ''}))")
+        self.launches.append(f"({name}, ({', '.join(args)}{',' if args else ''}))")
 
     def generate(self) -> Program:
         n = self.n
