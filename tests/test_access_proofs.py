@@ -220,6 +220,57 @@ def test_store_under_an_equality_runs_once_per_step():
     np.testing.assert_allclose(x.grad.to_numpy()[1:], 0.0)
 
 
+@pytest.mark.parametrize("form", ["outer_index", "conjunct", "else_of_not_equal"])
+def test_equalities_that_pin_a_loop(form):
+    """`if j == t` (t an outer loop's index), `if j == 1 and gate[i] > 0`, and the else of
+    `if j != 2`: each pins j to one iteration; x[4, i] = 2^4 x[0, i] (loss = sum_i x[4, i])."""
+    N = 3
+    x = ti.field(ti.f32, shape=(5, N), needs_grad=True)
+    gate = ti.field(ti.f32, shape=N)
+    gate.fill(1.0)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    if form == "outer_index":
+        @ti.kernel
+        def steps():
+            for i in range(N):
+                for t in range(4):
+                    for j in range(4):
+                        if j == t:
+                            x[t + 1, i] = 2.0 * x[t, i]
+    elif form == "conjunct":
+        @ti.kernel
+        def steps():
+            for i in range(N):
+                for t in range(4):
+                    for j in range(3):
+                        if j == 1 and gate[i] > 0.0:
+                            x[t + 1, i] = 2.0 * x[t, i]
+    else:
+        @ti.kernel
+        def steps():
+            for i in range(N):
+                for t in range(4):
+                    for j in range(3):
+                        if j != 2:
+                            pass
+                        else:
+                            x[t + 1, i] = 2.0 * x[t, i]
+
+    @ti.kernel
+    def total():
+        for i in range(N):
+            loss[None] += x[4, i]
+
+    x0 = np.array([0.5, -1.0, 2.0])
+    x.from_numpy(f32(np.tile(x0, (5, 1))))
+    with ti.ad.Tape(loss=loss):
+        steps()
+        total()
+    np.testing.assert_allclose(x.to_numpy()[4], 16.0 * x0)
+    np.testing.assert_allclose(x.grad.to_numpy()[0], [16.0] * N)
+
+
 def test_store_at_an_offset_under_an_equality():
     """a[i + 4] = sin(a[i]) * a[i] under `if j == i % 2` inside `for j in range(2)`, i a serial
     loop: each a[i + 4] stored once; against float64 central differences."""
