@@ -458,3 +458,37 @@ def test_atomic_min_of_a_constant_takes_the_gradient_from_the_value_it_beat():
     x32 = x0.astype(np.float32).astype(np.float64)
     np.testing.assert_allclose(x.to_numpy(), np.minimum(x32, 0.0), atol=1e-7)
     np.testing.assert_allclose(x.grad.to_numpy(), np.where(x32 < 0, np.cos(x32 + 0.3), 0.0), rtol=1e-6)
+
+
+def test_atomic_max_winner_found_when_the_replay_rounds_differently():
+    """fuzz seed 340 (reduced): ti.atomic_max(X[i], |h(c)|), h a helper with a serial loop of
+    sin / atan2 / cos. The adjoint recomputes |h(c)| in its own shader, whose compiler may round
+    it differently (in 12 of these 41 values of c on lavapipe), and compared it with X's final
+    value for equality: no winner found, X's initial value kept the gradient 2 * 0.73 * X.
+    The winner is now the value equal to the final one up to a few ulps."""
+    X = ti.field(ti.f32, shape=3, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.func
+    def h(p):
+        r = p
+        for _ in range(2):
+            r = ti.sin(r) * 0.5 + (ti.atan2(p, 1.5 + ti.cos(p)) - (r + r))
+        return r
+
+    @ti.kernel
+    def raise_to(c: ti.f32):
+        for i in range(3):
+            ti.atomic_max(X[i], ti.abs(h(c)))
+
+    @ti.kernel
+    def total():
+        for i in range(3):
+            loss[None] += 0.73 * X[i] * X[i]
+
+    for c in np.linspace(-0.9, 0.9, 41):
+        X.from_numpy(np.array([-0.5, -0.6, -0.7], np.float32))
+        with ti.ad.Tape(loss):
+            raise_to(float(c))
+            total()
+        np.testing.assert_array_equal(X.grad.to_numpy(), 0.0, err_msg=f"c = {c}")
