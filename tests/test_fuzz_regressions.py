@@ -492,3 +492,57 @@ def test_atomic_max_winner_found_when_the_replay_rounds_differently():
             raise_to(float(c))
             total()
         np.testing.assert_array_equal(X.grad.to_numpy(), 0.0, err_msg=f"c = {c}")
+
+
+def test_a_matrix_element_updated_under_an_if_in_serial_loops():
+    """fuzz seed 570 (reduced): T[i] = 0.5 T[i] + B under `if k == 0` in a serial loop, T a
+    matrix field. Its components' indices (4 i + c) are computed under the `if`, where nothing
+    hoists them, so the element was not made a loop-carried local and the kernel was refused
+    (a scalar field worked); they are computed again before the loop now."""
+    T = ti.Matrix.field(2, 2, ti.f32, shape=N, needs_grad=True)
+    s = ti.field(ti.f32, shape=N, needs_grad=True)
+    cnt = ti.field(ti.i32, shape=N)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    W = np.array([[1.0, -2.0], [0.5, 3.0]])
+
+    @ti.kernel
+    def update():
+        for i in range(N):
+            for k9 in range(cnt[i]):
+                B = ti.Matrix([[1.0, 0.0], [0.0, 1.0]])
+                for k in range(cnt[i]):
+                    B = B * 0.5 + ti.Matrix([[k9 * 0.25, k * 0.5], [1.0, s[i]]]) * s[i]
+                    if k == 0:
+                        T[i] = T[i] * 0.5 + B
+
+    @ti.kernel
+    def total():
+        for i in range(N):
+            loss[None] += (T[i] * ti.Matrix([[1.0, -2.0], [0.5, 3.0]])).sum()
+
+    def f(t0, sv, cv):
+        out = 0.0
+        for i in range(N):
+            t = t0[i].copy()
+            for k9 in range(cv[i]):
+                b = np.eye(2)
+                for k in range(cv[i]):
+                    b = b * 0.5 + np.array([[k9 * 0.25, k * 0.5], [1.0, sv[i]]]) * sv[i]
+                    if k == 0:
+                        t = t * 0.5 + b
+            out += float((t * W).sum())
+        return out
+
+    rng = np.random.default_rng(3)
+    t0 = rng.uniform(-1, 1, (N, 2, 2)).astype(np.float32).astype(np.float64)
+    s0 = rng.uniform(-1, 1, N).astype(np.float32).astype(np.float64)
+    c0 = np.array([0, 1, 2, 3])
+    T.from_numpy(t0.astype(np.float32))
+    s.from_numpy(s0.astype(np.float32))
+    cnt.from_numpy(c0.astype(np.int32))
+    with ti.ad.Tape(loss):
+        update()
+        total()
+    assert loss[None] == pytest.approx(f(t0, s0, c0), rel=1e-5)
+    assert_grad(T.grad.to_numpy(), central_diff(lambda v: f(v, s0, c0), t0))
+    assert_grad(s.grad.to_numpy(), central_diff(lambda v: f(t0, v, c0), s0))
