@@ -19,20 +19,39 @@ choices add, each to about a third of the programs:
   * ndarrays: inputs na (n,) and nv (n, 2) made by ti.ndarray(..., needs_grad=True), and some
     temporaries, passed to the kernels that use them as `ti.types.ndarray()` arguments, so their
     gradients come from the ndarray paths of reverse mode.
+  * indices read from data: an i32 permutation perm, read through (`a[perm[i]]`) and stored
+    through (`P[perm[i]] = ...` into a fresh temporary), which the launch checks at run time;
+  * a 3-D input q (n, 3, 2), read at computed indices (`q[i % n, k % 3, i % 2]`).
+Each kernel may also get, with a field of its own: top-level code before its loop that reads a
+0-d field G and then overwrites it (`G = e * G + e'`, or `G += e; G *= e'`: Taichi's data-access
+rules #1 and #2, one thread run once), which the loop may read; a recurrence
+`R[t + 1, i] = f(R[t, i])` over a serial loop t, stored under an equality on an inner loop's index
+(`for jj in range(2): if jj == t % 2:`: once per step, at a computed index); ti.atomic_max /
+atomic_min into the thread's own element of a fresh X (maybe in a serial loop). A kernel with an
+argument is sometimes launched twice, with different values; a field a kernel uses is sometimes
+passed to it as a ti.template() argument (the parameter has the field's name).
 Kernels are parallel loops over range(n), a field, or pairs `ti.ndrange(n, n)` (or a 2-D field),
 and kernel-scope reductions `s = 0.0; for i in ...: s += ...`. Their bodies mix locals, vector
 and matrix locals, serial loops with mutable locals (constant, field-read or static trip counts;
-`while`; `break` / `continue` on data), if/else on data, helper calls, and writes: stores to fresh
+`while`; `break` / `continue` on data), if/elif/else on data, helper calls, swizzles (`u.yx`),
+indices `i % n` and `(i + 1) % n`, and writes: stores to fresh
 temporaries (a 1-D loop stores T[i] of a (n,) temporary, a pair loop T[i, j] of a fresh (n, n)
 one that later kernels read), in-place updates `x[i] = f(x[i])` and `x[i, j] = f(x[i, j])` (also
-in serial loops), and `+=` into any field the kernel does not read; stencil reads of fields the
-kernel does not write at the parallel index plus a constant offset under a bounds check
+in serial loops, also only in some iterations: under `if k == c` or a condition on data), and
+`+=`, `-=`, ti.atomic_add / atomic_sub into any field the kernel does not read; stencil reads of
+fields the kernel does not write at the parallel index plus a constant offset under a bounds check
 (`if 0 <= i + 1 < n: ... a[i + 1]`), whose adjoints are scatters or gathers. The last kernel
 reads every element of every float field into the loss.
 
+Not generated: ti.stop_grad / ti.ad.no_grad (central differences of the shim cannot model a
+gradient cut on purpose; tests/test_ad_checks.py and the Taichi behaviour tests cover them),
+and ti.ad.checkpoint (tests/test_fuzz_checkpoint.py).
+
 Why it is race-free: a store writes the element of the iteration's own index ([i] in a 1-D loop,
 [i, j] in a pair loop), and the kernel reads that field only there; a field a kernel accumulates
-into with += is not read by it.
+into with += is not read by it; a field written by a shape of its own (R, P, X) is read by nothing
+else in that kernel, and what a kernel reads is written by no later kernel (a kernel launched
+twice does not read in its loop the 0-d field its top level overwrites).
 Why it is well conditioned: inputs are in [-1, 1]; division is by 1 + e*e or 2 + sin(e); sqrt and
 log take 1 + e*e or 2 + cos(e); exp takes tanh(e); serial recurrences contract (factor 1/2), and
 so does a product of matrix expressions (`A @ B * 0.5`).
@@ -46,9 +65,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 FLOAT_INPUTS = {"a": "s", "b": "s", "v": "v", "m": "m", "w": "0"}   # name -> kind
-# kinds: "s" (n,) scalars, "v" (n,) vec2, "M" (n,) 2x2 matrices, "m" (n, n) scalars, "0" a 0-d scalar
+# kinds: "s" (n,) scalars, "v" (n,) vec2, "M" (n,) 2x2 matrices, "m" (n, n) scalars, "0" a 0-d scalar,
+# "c" (n, 3, 2) scalars (a 3-D field)
+LOSS_FIELDS = 10   # fields per loss kernel
 SHAPES = {"s": lambda n: (n,), "v": lambda n: (n, 2), "M": lambda n: (n, 2, 2), "m": lambda n: (n, n),
-          "0": lambda n: ()}
+          "0": lambda n: (), "c": lambda n: (n, 3, 2)}
 
 
 @dataclass
@@ -77,7 +98,8 @@ class Program:
                for name, shape in self.float_fields.items()}
         out["loss"] = np.zeros(())
         for name, shape in self.int_fields.items():
-            out[name] = rng.integers(0, 4, shape)
+            # perm: a permutation (indices read from data: stores through it meet the run-time checks)
+            out[name] = rng.permutation(shape[0]) if name == "perm" else rng.integers(0, 4, shape)
         return out
 
 
@@ -91,6 +113,7 @@ class _Kernel:
     args: list = field(default_factory=list)
     reads: set = field(default_factory=set)        # fields read
     flat: bool = False                             # no serial loops: a stencil's body (gatherable adjoint)
+    hidden: set = field(default_factory=set)       # written by a shape of their own: read by nothing else here
 
 
 class _Scope:
@@ -113,11 +136,14 @@ class Generator:
     def __init__(self, seed: int):
         self.seed = seed
         self.rng = np.random.default_rng(seed)
+        self.trng = np.random.default_rng(seed + 7 * 10**6)  # template arguments (signature)
         self.n = int(self.rng.integers(3, 7))
         self.kinds = dict(FLOAT_INPUTS)   # every float field -> "s" | "v" | "M" | "m" | "0"
         self.nd: set[str] = set()         # which of them are ndarrays (kernel arguments)
         self.matrices = self.chance(0.35)  # matrix locals, a Matrix field M, matrix temporaries
         self.ndarrays = self.chance(0.35)  # ndarray inputs na (and nv), some ndarray temporaries
+        self.data_indices = self.chance(0.25)  # an i32 permutation perm: reads and stores through perm[i]
+        self.cube = self.chance(0.3)       # a 3-D input q (n, 3, 2)
         self.out: list[str] = []          # lines of build()'s body
         self.launches: list[str] = []
         self.helpers: list[tuple[str, str]] = []   # (name, signature kind)
@@ -144,7 +170,7 @@ class Generator:
 
     # ---- expressions ---------------------------------------------------------------------------
     def readable(self, name: str) -> bool:
-        return name not in self.k.added and name != "loss"
+        return name not in self.k.added and name != "loss" and name not in self.k.hidden
 
     def field_leaf(self, sc: _Scope) -> str | None:
         """A scalar read of some field at an index valid here, or None."""
@@ -154,11 +180,16 @@ class Generator:
                 continue
             comp = self.pick(["[0]", "[1]", ".x", ".y"]) if kind == "v" else self.mcomp() if kind == "M" else ""
             if name in self.k.stored:           # stored in this kernel: its own element only
-                opts.append((name, f"{name}[{self.k.own}]{comp}"))
+                own = self.k.own if self.k.own != "i" or self.chance(0.7) else f"i % {self.n}"  # folds to i
+                opts.append((name, f"{name}[{own}]{comp}"))
                 continue
             ix = self.index(sc)
             if kind in ("s", "v", "M"):
                 opts.append((name, f"{name}[{ix}]{comp}"))
+            elif kind == "c":
+                c1 = self.pick(["0", "1", "2"] + [f"{k} % 3" for k in sc.counters])
+                c2 = self.pick(["0", "1"] + [f"{k} % 2" for k in sc.counters + sc.idx])
+                opts.append((name, f"{name}[{ix}, {c1}, {c2}]"))
             elif kind == "m":
                 opts.append((name, f"{name}[{ix}, {self.index(sc)}]"))
             else:
@@ -173,8 +204,11 @@ class Generator:
         return f"[{int(self.rng.integers(size))}, {int(self.rng.integers(size))}]"
 
     def index(self, sc: _Scope) -> str:
-        opts = list(sc.idx) + [f"({sc.idx[0]} + 1) % {self.n}", f"{self.n - 1} - {sc.idx[-1]}"]
+        opts = list(sc.idx) + [f"({sc.idx[0]} + 1) % {self.n}", f"{self.n - 1} - {sc.idx[-1]}",
+                               f"{sc.idx[0]} % {self.n}"]
         opts += sc.counters  # counters stay below 3 <= n
+        if self.data_indices:
+            opts.append(f"perm[{sc.idx[0]}]")  # an index read from data
         return self.pick(opts)
 
     def leaf(self, sc: _Scope) -> str:
@@ -187,7 +221,9 @@ class Generator:
             return self.pick(sc.scalars)
         if r < 0.85:
             ints = sc.idx + sc.counters + sc.ints
-            return f"{self.pick(ints)} * {self.const(0.1, 0.4)}"
+            # a third decimal 3: i * c (i < 10) never equals a two-decimal constant it is compared
+            # with (3 * 0.27 is 0.81 in float64 but 0.81000006 in float32: fuzz seed 2930)
+            return f"{self.pick(ints)} * {float(self.const(0.1, 0.4)) + 0.003:.3f}"
         if r < 0.92 and self.k.args:
             return self.pick(self.k.args)
         return self.const()
@@ -263,6 +299,8 @@ class Generator:
         if r == 2:
             x = self.expr(sc, d - 1)
             return f"({self.vexpr(sc, d - 1)} / (1.0 + {x} * {x}))"
+        if self.chance(0.3):
+            return f"{self.vexpr(sc, d - 1)}.{self.pick(['yx', 'xx', 'yy', 'xy'])}"  # a swizzle
         return f"ti.Vector([{self.expr(sc, d - 1)}, {self.expr(sc, d - 1)}])"
 
     def mleaf(self, sc: _Scope, size: int) -> str:
@@ -400,17 +438,30 @@ class Generator:
             return
         if kind == "M":
             if self.chance(0.5):
-                self.emit(depth, f"{name}[{self.index(sc)}]{self.mcomp()} += {self.expr(sc)}")
+                self.emit(depth, self.accumulate(f"{name}[{self.index(sc)}]{self.mcomp()}", self.expr(sc)))
             else:
                 self.emit(depth, f"{name}[{self.index(sc)}] += {self.mexpr(sc, 2)}")
         elif kind == "0":
-            self.emit(depth, f"{name}[None] += {self.expr(sc)}")
+            self.emit(depth, self.accumulate(f"{name}[None]", self.expr(sc)))
         elif kind == "m":
-            self.emit(depth, f"{name}[{self.index(sc)}, {self.index(sc)}] += {self.expr(sc)}")
+            self.emit(depth, self.accumulate(f"{name}[{self.index(sc)}, {self.index(sc)}]", self.expr(sc)))
+        elif kind == "c":
+            self.emit(depth, self.accumulate(f"{name}[{self.index(sc)}, {self.pick(['0', '1', '2'])}, "
+                                             f"{self.pick(['0', '1'])}]", self.expr(sc)))
         elif kind == "v":
-            self.emit(depth, f"{name}[{self.index(sc)}] += {self.vexpr(sc)}")
+            self.emit(depth, self.pick([f"{name}[{self.index(sc)}] += {self.vexpr(sc)}",
+                                        f"{name}[{self.index(sc)}] -= {self.vexpr(sc)}"]))
         else:
-            self.emit(depth, f"{name}[{self.index(sc)}] += {self.expr(sc)}")
+            self.emit(depth, self.accumulate(f"{name}[{self.index(sc)}]", self.expr(sc)))
+
+    def accumulate(self, target: str, e: str) -> str:
+        """An accumulation into a scalar element: +=, -=, ti.atomic_add or ti.atomic_sub."""
+        r = self.rng.random()
+        if r < 0.6:
+            return f"{target} += {e}"
+        if r < 0.8:
+            return f"{target} -= {e}"
+        return f"ti.atomic_{self.pick(['add', 'sub'])}({target}, {e})"
 
     def stmt(self, sc: _Scope, depth: int, targets, nest: int) -> None:
         r = self.rng.random()
@@ -485,12 +536,18 @@ class Generator:
         if own and self.chance(0.4):  # the recursive update of an element of the thread's own
             name = own[0][0]
             x = f"{name}[{self.k.own}]"
+            at = depth + 1
+            if self.chance(0.4):  # only in some iterations: on the counter, or on data
+                self.emit(at, f"if {kc} == {int(self.rng.integers(0, 3))}:" if trip not in ("static", "while")
+                          and self.chance(0.5) else f"if {self.cond(inner)}:")
+                at += 1
             if self.kinds[name] == "v":
-                self.emit(depth + 1, f"{x} = {x} * 0.5 + {self.vexpr(inner, 1)}")
+                self.emit(at, f"{x} = {x} * 0.5 + {self.vexpr(inner, 1)}")
             elif self.kinds[name] == "M":
-                self.emit(depth + 1, f"{x} = {x} * 0.5 + {self.mexpr(inner, 2, 1)}")
+                self.emit(at, f"{x} = {x} * 0.5 + {self.mexpr(inner, 2, 1)}")
             else:
-                self.emit(depth + 1, f"{x} = 0.5 * {x} + {self.expr(inner, 2)}")
+                upd = self.pick([f"0.5 * {x} + ", f"ti.sin({x}) * 0.5 + ", ""])  # "": a store alone
+                self.emit(at, f"{x} = {upd}{self.expr(inner, 2)}")
         self.body(inner, depth + 1, targets, nest + 1, int(self.rng.integers(0, 3)))
         sc.scalars.append(acc)
         if macc is not None:
@@ -542,6 +599,11 @@ class Generator:
         a = sc.child()
         self.emit(depth + 1, f"{r} = {self.expr(a)}")
         self.body(a, depth + 1, targets, nest + 1, int(self.rng.integers(0, 2)))
+        if self.chance(0.3):
+            self.emit(depth, f"elif {self.cond(sc)}:")
+            c = sc.child()
+            self.emit(depth + 1, f"{r} = {self.expr(c)}")
+            self.body(c, depth + 1, targets, nest + 1, int(self.rng.integers(0, 2)))
         if self.chance(0.7):
             self.emit(depth, "else:")
             b = sc.child()
@@ -553,7 +615,7 @@ class Generator:
     def declare(self, name: str, kind: str, ndarray: bool) -> None:
         """The line of build() that creates float field (or ndarray) `name` of `kind`."""
         n = self.n
-        shape = {"s": f"{n}", "v": f"{n}", "M": f"{n}", "m": f"({n}, {n})", "0": "()"}[kind]
+        shape = {"s": f"{n}", "v": f"{n}", "M": f"{n}", "m": f"({n}, {n})", "0": "()", "c": f"({n}, 3, 2)"}[kind]
         if ndarray:
             self.nd.add(name)
             make = {"v": "ti.Vector.ndarray(2, ti.f32, ", "M": "ti.Matrix.ndarray(2, 2, ti.f32, "}.get(kind, "ti.ndarray(ti.f32, ")
@@ -592,7 +654,14 @@ class Generator:
         kernel takes an ndarray as an argument; the parameter has the ndarray's name)."""
         text = "\n".join(self.out[start:])
         nds = [x for x in self.kinds if x in self.nd and re.search(rf"\b{x}\[", text)]
-        sig = [f"{x}: ti.types.ndarray()" for x in nds] + [f"{a}: ti.f32" for a in args]
+        sig = [f"{x}: ti.types.ndarray()" for x in nds]
+        # sometimes a field the kernel uses is a ti.template() argument instead (drawn from an RNG
+        # of its own, so the programs are otherwise those of the generator before templates)
+        used = [x for x in list(self.kinds) + ["loss"] if x not in self.nd and re.search(rf"\b{x}\b", text)]
+        if used and self.trng.random() < 0.2:
+            tpl = used[int(self.trng.integers(len(used)))]
+            nds, sig = nds + [tpl], sig + [f"{tpl}: ti.template()"]
+        sig += [f"{a}: ti.f32" for a in args]
         self.out[start] = self.out[start].replace("(ARGS)", f"({', '.join(sig)})")
         return nds
 
@@ -607,9 +676,26 @@ class Generator:
         self.k.added = {t for t, how in targets if how == "add"}
         self.k.reads |= set(self.k.stored)  # an update in place reads it
         ret = kind == "reduce" and self.chance(0.3)
+        # shapes with fields of their own, declared before the kernel's lines
+        pro = self.fresh("G") if self.chance(0.25) else None  # top-level read-then-write of a 0-d field
+        rec = self.fresh("R") if kind != "pair" and not self.k.flat and self.chance(0.2) else None
+        scat = self.fresh("P") if kind != "pair" and self.data_indices and self.chance(0.5) else None
+        ext = self.fresh("X") if kind == "map" and self.chance(0.2) else None
+        for f, fk in ((pro, "0"), (rec, "m"), (scat, "s"), (ext, "s")):
+            if f is not None:
+                self.declare(f, fk, False)
+        self.k.hidden = {f for f in (rec, scat, ext) if f is not None}
+        self.k.reads |= {f for f in (pro, rec, ext) if f is not None}  # later kernels do not write them
+        # a kernel with arguments is sometimes launched twice, with others: then its loop does not
+        # read what its top level overwrites (the next launch would overwrite what this one read)
+        repeat = bool(self.k.args) and rec is None and ext is None and self.chance(0.4)
         self.emit(1, "@ti.kernel")
         start = len(self.out)
         self.emit(1, f"def {name}(ARGS)" + (" -> ti.f32:" if ret else ":"))
+        if pro is not None:
+            self.prologue(pro)
+            if repeat:
+                self.k.hidden.add(pro)
         fields = [f for f in self.kinds if f not in self.nd]  # a struct-for runs over a field only
         if kind == "pair":
             loops = [f"for i, j in ti.ndrange({self.n}, {self.n}):"]
@@ -625,7 +711,16 @@ class Generator:
             sc = _Scope(["i"])
         if self.matrices and self.chance(0.6):
             self.matrix_local(sc, 3)
+        if scat is not None and self.chance(0.5):
+            self.emit(3, f"{scat}[perm[i]] = {self.expr(sc)}")  # a store through an index read from data
+            scat = None
         self.body(sc, 3, targets, 0, int(self.rng.integers(1, 4)))
+        if rec is not None:
+            self.recurrence(sc, 3, rec)
+        if ext is not None:
+            self.extreme(sc, 3, ext)
+        if scat is not None:
+            self.emit(3, f"{scat}[perm[i]] = {self.expr(sc)}")
         if kind == "reduce":
             self.emit(3, f"s += {self.expr(sc)}")
         for t, how in targets:  # every target written at least once
@@ -637,37 +732,88 @@ class Generator:
             if ret:
                 self.emit(2, "return s")
         self.read_before |= self.k.reads
-        args = self.signature(start, self.k.args) + [self.const() for _ in self.k.args]
-        self.launches.append(f"({name}, ({', '.join(args)}{',' if args else ''}))")
+        nds = self.signature(start, self.k.args)
+        for _ in range(2 if repeat else 1):
+            args = nds + [self.const() for _ in self.k.args]
+            self.launches.append(f"({name}, ({', '.join(args)}{',' if args else ''}))")
+
+    def prologue(self, g: str) -> None:
+        """Top-level code before the loop (one thread, run once) that reads the 0-d field g and
+        then overwrites it, as in Taichi's data-access rules #1 and #2; it reads no field the
+        loop writes (an earlier dispatch), and the loop may read g."""
+        saved = set(self.k.hidden)
+        self.k.hidden |= set(self.k.stored)
+        sc = _Scope([str(int(self.rng.integers(self.n)))])  # a constant index where a loop's would be
+        if self.chance(0.5):
+            self.emit(2, f"{g}[None] = {self.expr(sc, 2)} * {g}[None] + {self.expr(sc, 2)}")
+        else:
+            self.emit(2, f"{g}[None] += {self.expr(sc, 2)}")
+            self.emit(2, f"{g}[None] {self.pick(['*=', '-='])} {self.expr(sc, 2)}")
+        self.k.hidden = saved
+
+    def recurrence(self, sc: _Scope, depth: int, r: str) -> None:
+        """r[t + 1, i] = f(r[t, i]) over the steps t of a serial loop, stored under an equality
+        on an inner loop's index (`if jj == 1`): once per step, at an index computed from t."""
+        t, jj = self.fresh("t"), self.fresh("jj")
+        self.emit(depth, f"for {t} in range({self.n - 1}):")
+        self.emit(depth + 1, f"for {jj} in range(2):")
+        self.emit(depth + 2, f"if {self.pick([f'{jj} == 1', f'{jj} == {t} % 2', f'{jj} == 0'])}:")
+        inner = sc.child()
+        inner.counters.append(t)
+        prev = f"{r}[{t}, i]"
+        step = self.pick([f"0.5 * {prev}", f"0.5 * ti.sin({prev})", prev])
+        self.emit(depth + 3, f"{r}[{t} + 1, i] = {step} + {self.expr(inner, 2)}")
+
+    def extreme(self, sc: _Scope, depth: int, x: str) -> None:
+        """ti.atomic_max / atomic_min into the thread's own element of x, maybe in a serial loop."""
+        op = self.pick(["max", "min"])
+        if self.chance(0.5):
+            kk = self.fresh("k")
+            self.emit(depth, f"for {kk} in range({int(self.rng.integers(1, 4))}):")
+            inner = sc.child()
+            inner.counters.append(kk)
+            self.emit(depth + 1, f"ti.atomic_{op}({x}[i], {self.expr(inner, 2)})")
+        else:
+            self.emit(depth, f"ti.atomic_{op}({x}[i], {self.expr(sc, 2)})")
 
     def loss_kernel(self) -> None:
-        """The last kernel reads every float field (every element of it), so every input gets a
-        gradient."""
+        """The last kernels read every float field (every element of it), so every input gets a
+        gradient: `total`, and another one per LOSS_FIELDS fields past the first ones (a kernel
+        binds each field with its gradient or its dual: lavapipe allows 32 buffers per shader)."""
+        items = list(self.kinds.items())
+        for at in range(0, len(items), LOSS_FIELDS):
+            self.loss_part(items[at:at + LOSS_FIELDS], "total" if at == 0 else self.fresh("k"))
+
+    def loss_part(self, items: list, name: str) -> None:
         self.k = _Kernel(added={"loss"})
         self.emit(1, "@ti.kernel")
         start = len(self.out)
-        self.emit(1, "def total(ARGS):")
+        self.emit(1, f"def {name}(ARGS):")
         self.emit(2, f"for i in range({self.n}):")
         terms, n = [], self.n
-        for name, kind in self.kinds.items():
+        for name_, kind in items:
             c = self.const(0.3, 0.9)
             if kind == "s":
-                terms.append(self.pick([f"{c} * {name}[i]", f"{c} * ti.sin({name}[i] + 0.3)",
-                                        f"{c} * {name}[i] * {name}[i]"]))
+                terms.append(self.pick([f"{c} * {name_}[i]", f"{c} * ti.sin({name_}[i] + 0.3)",
+                                        f"{c} * {name_}[i] * {name_}[i]"]))
             elif kind == "v":
-                terms.append(f"{name}[i].dot(ti.Vector([{c}, {self.const(0.3, 0.9)}]))")
+                terms.append(f"{name_}[i].dot(ti.Vector([{c}, {self.const(0.3, 0.9)}]))")
             elif kind == "M":
-                terms.append(f"{c} * {name}[i].norm_sqr() + {name}[i].trace() * {self.const(0.3, 0.9)} + "
-                             f"{self.const(0.3, 0.9)} * {name}[i]{self.mcomp()}")
+                terms.append(f"{c} * {name_}[i].norm_sqr() + {name_}[i].trace() * {self.const(0.3, 0.9)} + "
+                             f"{self.const(0.3, 0.9)} * {name_}[i]{self.mcomp()}")
+            elif kind == "c":
+                self.emit(3, "for j, l in ti.ndrange(3, 2):")
+                self.emit(4, f"loss[None] += {c} * ti.sin({name_}[i, j, l] + 0.3) * (j + 1.0 - l)")
             elif kind == "m":
                 self.emit(3, f"for j in range({n}):")
-                self.emit(4, f"loss[None] += {c} * ti.sin({name}[i, j] + 0.3) + "
-                             f"{self.const(0.3, 0.9)} * {name}[i, j] * {name}[j, (i + 1) % {n}]")
+                self.emit(4, f"loss[None] += {c} * ti.sin({name_}[i, j] + 0.3) + "
+                             f"{self.const(0.3, 0.9)} * {name_}[i, j] * {name_}[j, (i + 1) % {n}]")
             else:
-                terms.append(f"{c} * {name}[None] * {name}[None] / {n}")
-        self.emit(3, "loss[None] += " + " + ".join(terms))
+                terms.append(f"{c} * {name_}[None] * {name_}[None] / {n}")
+        if terms:
+            self.emit(3, "loss[None] += " + " + ".join(terms))
         args = self.signature(start, [])
-        self.launches.append(f"(total, ({', '.join(args)}{',' if args else ''}))")
+        self.launches.append(f"({name}, ({', '.join(args)}{',' if args else ''}))")
 
     def generate(self) -> Program:
         n = self.n
@@ -676,21 +822,27 @@ class Generator:
             self.declare(name, kind, False)
         if self.matrices:
             self.declare("M", "M", False)
+        if self.cube:
+            self.declare("q", "c", False)
         if self.ndarrays:
             self.declare("na", "s", True)
             if self.chance(0.5):
                 self.declare("nv", "v", True)
         self.emit(1, "loss = ti.field(dtype=ti.f32, shape=(), needs_grad=True, needs_dual=True)")
         self.emit(1, f"cnt = ti.field(dtype=ti.i32, shape={n})")
+        ints = {"cnt": (n,)}
+        if self.data_indices:
+            self.emit(1, f"perm = ti.field(dtype=ti.i32, shape={n})")
+            ints["perm"] = (n,)
         for _ in range(int(self.rng.integers(0, 3))):
             self.helper()
         for _ in range(int(self.rng.integers(1, 4))):
             self.kernel()
         self.loss_kernel()
-        fields = ", ".join(f"{f!r}: {f}" for f in list(self.kinds) + ["loss", "cnt"])
+        fields = ", ".join(f"{f!r}: {f}" for f in list(self.kinds) + ["loss"] + list(ints))
         self.emit(1, f"return {{{fields}}}, [{', '.join(self.launches)}]")
         return Program(self.seed, n, "\n".join(self.out) + "\n",
-                       {f: SHAPES[k](n) for f, k in self.kinds.items()}, {"cnt": (n,)})
+                       {f: SHAPES[k](n) for f, k in self.kinds.items()}, ints)
 
 
 def generate(seed: int) -> Program:

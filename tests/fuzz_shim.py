@@ -67,6 +67,34 @@ class _Comparisons(ast.NodeTransformer):
         return ast.copy_location(out, node)
 
 
+class _Atomics(ast.NodeTransformer):
+    """`ti.atomic_add(x[i], e)` (and sub, max, min) as a statement: `x[i] = x[i] + e`, or
+    `x[i] = ti.max(x[i], e)` (which records its margin); the generated targets are pure."""
+
+    _OPS = {"atomic_add": ast.Add(), "atomic_sub": ast.Sub()}
+
+    def visit_Expr(self, node):
+        call = node.value
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                and call.func.attr in ("atomic_add", "atomic_sub", "atomic_max", "atomic_min")):
+            return node
+        target, e = call.args
+        load = ast.fix_missing_locations(_with_ctx(target, ast.Load()))
+        if call.func.attr in self._OPS:
+            value = ast.BinOp(load, self._OPS[call.func.attr], e)
+        else:
+            value = ast.Call(ast.Attribute(call.func.value, call.func.attr[len("atomic_"):], ast.Load()), [load, e], [])
+        out = ast.Assign([_with_ctx(target, ast.Store())], value)
+        return ast.fix_missing_locations(ast.copy_location(out, node))
+
+
+def _with_ctx(node, ctx):
+    import copy
+    node = copy.deepcopy(node)
+    node.ctx = ctx
+    return node
+
+
 def noting(on: bool) -> None:
     """Record margins (on) or not (faster: for runs whose margin nobody reads)."""
     _noting[0] = on
@@ -75,7 +103,7 @@ def noting(on: bool) -> None:
 def run_module(source: str, filename: str = "<fuzz>", instrument: bool = True) -> dict:
     """Execute `source` with comparisons instrumented (unless not `instrument`); returns its
     namespace."""
-    tree = ast.parse(source)
+    tree = ast.fix_missing_locations(_Atomics().visit(ast.parse(source)))
     if instrument:
         tree = ast.fix_missing_locations(_Comparisons().visit(tree))
     ns = {"_fuzz_cmp": _fuzz_cmp, "__name__": "fuzz_shim_program"}
@@ -166,6 +194,11 @@ class Vec:
     @property
     def y(self):
         return self.e[1]
+
+    def __getattr__(self, name):  # swizzles: .yx, .xx, ... (a new vector, as in Taichi)
+        if len(name) > 1 and all(c in "xyzw" for c in name):
+            return Vec([self.e["xyzw".index(c)] for c in name], (len(name),))
+        raise AttributeError(name)
 
     def dot(self, other):
         assert self.shape == other.shape

@@ -133,7 +133,10 @@ def test_recursive_ewma_is_differentiated_exactly():
     assert ewma.grad[0] == 0.0
 
 
-def test_guide_rule_1_read_then_mutate_is_refused():
+def test_guide_rule_1_read_then_mutate_at_top_level():
+    """Taichi's guide breaks rule 1 at the kernel's top level (one thread, run once): the read of
+    b replays the copy taken before the launch, so the gradient is exact (issue 26 item 6; it
+    used to be refused). loss = x1 b: d/dx1 = b = 5, d/db = x1 = 2."""
     x = ti.field(dtype=ti.f32, shape=16, needs_grad=True)
     loss = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
     b = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
@@ -143,12 +146,17 @@ def test_guide_rule_1_read_then_mutate_is_refused():
         loss[None] = x[1] * b[None]
         b[None] += 100
 
+    x[1], b[None] = 2.0, 5.0
     func_broke_rule_1()
-    with pytest.raises(ti.CompileError, match="it reads field 'b'"):
-        func_broke_rule_1.grad()
+    assert (loss[None], b[None]) == (10.0, 105.0)
+    loss.grad[None] = 1.0
+    func_broke_rule_1.grad()
+    assert (x.grad[1], b.grad[None]) == (5.0, 2.0)
 
 
-def test_guide_rule_2_second_write_not_accumulation_is_refused():
+def test_guide_rule_2_second_write_at_top_level():
+    """loss += x1^2, then loss *= x2 at the top level: loss = (loss0 + x1^2) x2; d/dx1 = 2 x1 x2 =
+    12, d/dx2 = loss0 + x1^2 = 4, d/dloss0 = x2 = 3 (it used to be refused)."""
     x = ti.field(dtype=ti.f32, shape=16, needs_grad=True)
     loss = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
 
@@ -157,9 +165,12 @@ def test_guide_rule_2_second_write_not_accumulation_is_refused():
         loss[None] += x[1] ** 2
         loss[None] *= x[2]
 
+    x[1], x[2] = 2.0, 3.0
     func_break_rule_2()
-    with pytest.raises(ti.CompileError, match="cannot differentiate kernel 'func_break_rule_2'"):
-        func_break_rule_2.grad()
+    assert loss[None] == 12.0
+    loss.grad[None] = 1.0
+    func_break_rule_2.grad()
+    assert (x.grad[1], x.grad[2], loss.grad[None]) == (12.0, 4.0, 3.0)
 
 
 def test_mass_spring_backprop_through_60_steps():

@@ -23,14 +23,14 @@ OPTS = CompileOptions(offline_cache=False, min_parallel=None)
 
 def _in_place():
     """A kernel whose serial loop updates an element in place (promote.py rewrites it) and that
-    reads a value an update overwrites (a snapshot)."""
+    reads values an update overwrites and the derivatives need (sin: two snapshots)."""
     x = ti.field(ti.f32, shape=N, needs_grad=True, needs_dual=True)
     y = ti.field(ti.f32, shape=N, needs_grad=True, needs_dual=True)
 
     def ewma():
         for i in x:
             for j in range(3):
-                y[i] = 0.5 * y[i] + 0.5 * x[i] * j
+                y[i] = 0.5 * ti.sin(y[i]) + 0.5 * x[i] * j
             x[i] = ti.sin(x[i])
     return ewma
 

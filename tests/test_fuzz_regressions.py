@@ -394,3 +394,155 @@ def test_one_component_stored_then_the_element_read(then):
     assert_grad(x.grad.to_numpy(), central_diff(lambda xv: f(xv, t0, m0), x0))
     assert_grad(t.grad.to_numpy(), central_diff(lambda tv: f(x0, tv, m0), t0))
     assert_grad(M.grad.to_numpy(), central_diff(lambda mv: f(x0, t0, mv), m0))
+
+
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_atomic_max_gives_no_gradient_to_the_value_it_beat(kind):
+    """Found writing the fuzzer's atomic min / max (issue 26): y = max(y0, 2 x_0, ..., 2 x_3) by
+    ti.atomic_max, loss = 3 y. The adjoint sent 3 to the winning x and also left y.grad = 3 for
+    y0, which lost: d loss / d y0 must be 0 (and 3 where y0 wins)."""
+    x = ti.field(ti.f32, shape=N, needs_grad=True)
+    y = ti.field(ti.f32, shape=(), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    sign = 1.0 if kind == "max" else -1.0
+
+    atomic = ti.atomic_max if kind == "max" else ti.atomic_min
+
+    @ti.kernel
+    def extreme():
+        for i in range(N):
+            atomic(y[None], 2.0 * x[i])
+
+    @ti.kernel
+    def total():
+        loss[None] += 3.0 * y[None]
+
+    x0 = np.array([0.1, 0.7, -0.3, 0.4]) * sign
+    for y0 in (0.2 * sign, 2.0 * sign):   # beaten by 2 x_1, then winning
+        x.from_numpy(x0.astype(np.float32))
+        y[None] = y0
+
+        def f(v, y0=y0):
+            return 3.0 * (max(y0, *(2 * v)) if kind == "max" else min(y0, *(2 * v)))
+        with ti.ad.Tape(loss):
+            extreme()
+            total()
+        assert loss[None] == pytest.approx(f(x0), rel=1e-6)
+        assert_grad(x.grad.to_numpy(), central_diff(f, x0))
+        assert y.grad[None] == (0.0 if abs(y0) < 1 else 3.0)
+
+
+def test_atomic_min_of_a_constant_takes_the_gradient_from_the_value_it_beat():
+    """fuzz seed 0 (reduced): ti.atomic_min(x[i], k * 0.28) in a serial loop, of constants (no
+    gradient to give): where a constant wins, x's initial value lost and gets none (it kept
+    d loss / d x = 1 before)."""
+    x = ti.field(ti.f32, shape=N, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def clamp():
+        for i in range(N):
+            for k in range(2):
+                ti.atomic_min(x[i], k * 0.28)
+
+    @ti.kernel
+    def total():
+        for i in range(N):
+            loss[None] += ti.sin(x[i] + 0.3)
+
+    x0 = np.array([-0.5, 0.1, 0.6, -0.2])
+    x.from_numpy(x0.astype(np.float32))
+    with ti.ad.Tape(loss):
+        clamp()
+        total()
+    x32 = x0.astype(np.float32).astype(np.float64)
+    np.testing.assert_allclose(x.to_numpy(), np.minimum(x32, 0.0), atol=1e-7)
+    np.testing.assert_allclose(x.grad.to_numpy(), np.where(x32 < 0, np.cos(x32 + 0.3), 0.0), rtol=1e-6)
+
+
+def test_atomic_max_winner_found_when_the_replay_rounds_differently():
+    """fuzz seed 340 (reduced): ti.atomic_max(X[i], |h(c)|), h a helper with a serial loop of
+    sin / atan2 / cos. The adjoint recomputes |h(c)| in its own shader, whose compiler may round
+    it differently (in 12 of these 41 values of c on lavapipe), and compared it with X's final
+    value for equality: no winner found, X's initial value kept the gradient 2 * 0.73 * X.
+    The winner is now the value equal to the final one up to a few ulps."""
+    X = ti.field(ti.f32, shape=3, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.func
+    def h(p):
+        r = p
+        for _ in range(2):
+            r = ti.sin(r) * 0.5 + (ti.atan2(p, 1.5 + ti.cos(p)) - (r + r))
+        return r
+
+    @ti.kernel
+    def raise_to(c: ti.f32):
+        for i in range(3):
+            ti.atomic_max(X[i], ti.abs(h(c)))
+
+    @ti.kernel
+    def total():
+        for i in range(3):
+            loss[None] += 0.73 * X[i] * X[i]
+
+    for c in np.linspace(-0.9, 0.9, 41):
+        X.from_numpy(np.array([-0.5, -0.6, -0.7], np.float32))
+        with ti.ad.Tape(loss):
+            raise_to(float(c))
+            total()
+        np.testing.assert_array_equal(X.grad.to_numpy(), 0.0, err_msg=f"c = {c}")
+
+
+def test_a_matrix_element_updated_under_an_if_in_serial_loops():
+    """fuzz seed 570 (reduced): T[i] = 0.5 T[i] + B under `if k == 0` in a serial loop, T a
+    matrix field. Its components' indices (4 i + c) are computed under the `if`, where nothing
+    hoists them, so the element was not made a loop-carried local and the kernel was refused
+    (a scalar field worked); they are computed again before the loop now."""
+    T = ti.Matrix.field(2, 2, ti.f32, shape=N, needs_grad=True)
+    s = ti.field(ti.f32, shape=N, needs_grad=True)
+    cnt = ti.field(ti.i32, shape=N)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    W = np.array([[1.0, -2.0], [0.5, 3.0]])
+
+    @ti.kernel
+    def update():
+        for i in range(N):
+            for k9 in range(cnt[i]):
+                B = ti.Matrix([[1.0, 0.0], [0.0, 1.0]])
+                for k in range(cnt[i]):
+                    B = B * 0.5 + ti.Matrix([[k9 * 0.25, k * 0.5], [1.0, s[i]]]) * s[i]
+                    if k == 0:
+                        T[i] = T[i] * 0.5 + B
+
+    @ti.kernel
+    def total():
+        for i in range(N):
+            loss[None] += (T[i] * ti.Matrix([[1.0, -2.0], [0.5, 3.0]])).sum()
+
+    def f(t0, sv, cv):
+        out = 0.0
+        for i in range(N):
+            t = t0[i].copy()
+            for k9 in range(cv[i]):
+                b = np.eye(2)
+                for k in range(cv[i]):
+                    b = b * 0.5 + np.array([[k9 * 0.25, k * 0.5], [1.0, sv[i]]]) * sv[i]
+                    if k == 0:
+                        t = t * 0.5 + b
+            out += float((t * W).sum())
+        return out
+
+    rng = np.random.default_rng(3)
+    t0 = rng.uniform(-1, 1, (N, 2, 2)).astype(np.float32).astype(np.float64)
+    s0 = rng.uniform(-1, 1, N).astype(np.float32).astype(np.float64)
+    c0 = np.array([0, 1, 2, 3])
+    T.from_numpy(t0.astype(np.float32))
+    s.from_numpy(s0.astype(np.float32))
+    cnt.from_numpy(c0.astype(np.int32))
+    with ti.ad.Tape(loss):
+        update()
+        total()
+    assert loss[None] == pytest.approx(f(t0, s0, c0), rel=1e-5)
+    assert_grad(T.grad.to_numpy(), central_diff(lambda v: f(v, s0, c0), t0))
+    assert_grad(s.grad.to_numpy(), central_diff(lambda v: f(t0, v, c0), s0))

@@ -8,7 +8,8 @@ Identities are applied only where they are exact for every input, NaN, inf and -
   floats: x * 1.0, 1.0 * x, x / 1.0, x - 0.0, x + (-0.0), -(-x)  ->  x
           (NOT x + 0.0: -0.0 + 0.0 is +0.0; NOT x * 0.0: NaN and inf; NOT x - x)
   ints:   x + 0, x - 0, x * 1, x / 1, x // 1, x | 0, x ^ 0, x & -1, x << 0, x >> 0, x | x, x & x
-          -> x;  x + (y - x), (y - x) + x -> y;  x * 0, x & 0, x % 1, x - x, x ^ x -> 0;  x == x etc. -> constant
+          -> x;  x % n -> x where a loop's range proves 0 <= x < n (`for i in range(n)`: i % n);
+          x + (y - x), (y - x) + x -> y;  x * 0, x & 0, x % 1, x - x, x ^ x -> 0;  x == x etc. -> constant
   bools:  x and True, x or False, x and x, x or x, not not x -> x;  x and False -> False, ...
   select with a constant condition or equal branches; cast to the operand's own type.
 An IF with a constant condition is replaced by the statements of the taken block (BREAK and
@@ -47,6 +48,8 @@ def _fold_block(block: Block, repl: dict[Stmt, Stmt]) -> None:
         s = work.pop()
         if repl:
             s.args = [repl.get(a, a) for a in s.args]
+            if s.index is not None:  # the access analyses read multi-indices: keep them current
+                s.index = tuple(repl.get(x, x) if isinstance(x, Stmt) else x for x in s.index)
         op = s.op
         if op is Op.IF and s.args[0].op is Op.CONST:
             taken = 0 if s.args[0].attr else 1
@@ -152,7 +155,73 @@ def _floordiv(s, a, b):
 
 
 def _mod(s, a, b):
-    return (0,) if _is_int(s) and _c(b, 1) else None
+    if not _is_int(s):
+        return None
+    if _c(b, 1):
+        return (0,)
+    return a if _below(a, b) else None  # i % n with 0 <= i < n (a loop's range): i
+
+
+def _below(a: Stmt, b: Stmt) -> bool:
+    """0 <= a < b for every value a takes, proven from loop ranges: a loop index whose loop starts
+    at a constant >= 0 and ends at b itself (`for i in range(n)`), or integer bounds of a (_bounds)
+    below a positive constant b."""
+    if b.op is Op.CONST:
+        r = _bounds(a)
+        return r is not None and r[0] >= 0 and r[1] < int(b.attr)
+    if a.op is Op.LOOP_INDEX:
+        lo, hi = _loop_range(a)
+        return lo is not None and lo.op is Op.CONST and int(lo.attr) >= 0 and _same_value(hi, b)
+    return False
+
+
+def _loop_range(i: Stmt) -> tuple:
+    """(begin, end) statements of the loop a LOOP_INDEX counts: a serial loop's arguments, or a
+    range task's bounds (its threads' indices)."""
+    loop = i.attr
+    if isinstance(loop, Stmt):
+        return (loop.args[0], loop.args[1]) if loop.op is Op.RANGE_FOR else (None, None)
+    return (getattr(loop, "begin", None), getattr(loop, "end", None))
+
+
+def _same_value(a: Stmt | None, b: Stmt) -> bool:
+    return a is b or (a is not None and a.op is b.op is Op.ARG and a.attr == b.attr and a.dtype == b.dtype)
+
+
+def _bounds(a: Stmt, depth: int = 0) -> tuple | None:
+    """Inclusive integer bounds (lo, hi) of a's values, from constants and constant loop ranges
+    through +, -, * and // by constants; None when unknown."""
+    if depth > 8 or a.dtype is None or not a.dtype.is_int:
+        return None
+    if a.op is Op.CONST:
+        return int(a.attr), int(a.attr)
+    if a.op is Op.LOOP_INDEX:
+        lo, hi = _loop_range(a)
+        if lo is None or hi is None or lo.op is not Op.CONST or hi.op is not Op.CONST:
+            return None
+        return (int(lo.attr), int(hi.attr) - 1) if int(hi.attr) > int(lo.attr) else None
+    if a.op not in (Op.ADD, Op.SUB, Op.MUL, Op.FLOORDIV) or len(a.args) != 2:
+        return None
+    x, y = a.args
+    if a.op is Op.SUB and y.op is Op.MUL and y.args[1].op is Op.CONST and y.args[0].op is Op.FLOORDIV \
+            and y.args[0].args[0] is x and _c(y.args[0].args[1], int(y.args[1].attr)) and int(y.args[1].attr) > 0:
+        rx = _bounds(x, depth + 1)  # x - (x // e) * e: x mod e, an ndrange's inner index
+        return (0, int(y.args[1].attr) - 1) if rx is not None and rx[0] >= 0 else None
+    rx, ry = _bounds(x, depth + 1), _bounds(y, depth + 1)
+    if rx is None or ry is None:
+        return None
+    if a.op is Op.ADD:
+        out = rx[0] + ry[0], rx[1] + ry[1]
+    elif a.op is Op.SUB:
+        out = rx[0] - ry[1], rx[1] - ry[0]
+    elif a.op is Op.MUL:
+        p = [u * v for u in rx for v in ry]
+        out = min(p), max(p)
+    elif ry[0] == ry[1] and ry[0] > 0 and rx[0] >= 0:  # // by a positive constant
+        out = rx[0] // ry[0], rx[1] // ry[0]
+    else:
+        return None
+    return out if -2**31 <= out[0] and out[1] < 2**31 else None  # no wrapping in between
 
 
 def _bit_and(s, a, b):

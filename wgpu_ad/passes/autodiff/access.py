@@ -164,9 +164,10 @@ def _data_dependent(s: Stmt, ld: dict) -> bool:
 
 
 def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
-                        checks: RuntimeChecks | None = None) -> None:
+                        checks: RuntimeChecks | None = None, pinned: dict | None = None) -> None:
     """Refuse the accesses that break the rules (or may); with `checks`, collect there those that
-    may only break them for some data (data-dependent indices) instead of refusing them."""
+    may only break them for some data (data-dependent indices) instead of refusing them. pinned:
+    per statement, the serial loops in which it runs at most once (pinned.py)."""
     ld = kernel.loop_dims
     accesses = []
     for t in kernel.tasks:
@@ -200,13 +201,16 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
                         checks.write(w, load, lambda load=load, w=w: _refuse_read_then_write(kernel, load, w))
                     else:
                         _refuse_read_then_write(kernel, load, w)
+    pinned = pinned or {}
     for group, near in zip(groups, pairs):
         writes = near.mask(lambda s: s.op is not Op.GLOBAL_LOAD)
         adds = near.mask(lambda s: s.op is Op.ATOMIC and s.attr[0] in (AtomicKind.ADD, AtomicKind.SUB))
         for k, w in enumerate(group):
             if w.op is Op.GLOBAL_LOAD:
                 continue
-            if w.op is not Op.ATOMIC and not _injective(w, loops[id(w)], ld, loops):  # atomics accumulate
+            # the loops around w, but those it runs in at most once (pinned.py: `if j == e`)
+            around = [g for g in loops[id(w)] if not (len(g) == 1 and g[0] in pinned.get(id(w), ()))]
+            if w.op is not Op.ATOMIC and not _injective(w, around, ld, loops):  # atomics accumulate
                 if checks is not None and _data_dependent(w, ld):
                     checks.write(w, None, lambda w=w: _refuse_repeated_write(kernel, w))
                 else:

@@ -56,8 +56,8 @@ def fuse(s: Derivation) -> Derivation:
         raise NotFusable("it has no tasks")
     if s.plan.checks:
         raise NotFusable("its forward launch checks its accesses at run time")
-    if s.plan.snapshots:
-        raise NotFusable("it updates fields in place (its adjoint reads copies taken before the launch)")
+    if s.plan.redirected:
+        raise NotFusable("it updates fields in place (its adjoint reads copies taken before the launch, or no value)")
     check_fusable(s.ir.tasks[-1])
     return s.with_plan(fuse=True)
 

@@ -42,5 +42,6 @@ def check_differentiable(kernel: Kernel, snapshot_loads: frozenset = frozenset()
             _fail(kernel, ret[0], "it returns from the middle of its body; a differentiated kernel may "
                                   "return only as its last statement")
     from .access import check_global_access
-    check_global_access(kernel, snapshot_loads, checks)
+    from .pinned import pinned_loops
+    check_global_access(kernel, snapshot_loads, checks, pinned_loops(kernel))
 

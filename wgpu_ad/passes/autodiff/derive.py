@@ -29,6 +29,7 @@ from ..pipeline import run_steps
 from .access import RuntimeChecks
 from .checks import check_differentiable
 from .forward import dual_kernel
+from .needed import unneeded_loads
 from .promote import promote_elements, snapshot_loads
 from .shadow import instrument
 
@@ -61,8 +62,9 @@ class AdjointPlan:
     reverse emitter and the launch plan read it. Per-task entries follow the tasks of the kernel.
 
     snapshot: id(field buffer) -> the reads of it that an update overwrites (promote.py), which
-    read a copy taken before the launch; `redirected`: their ids. snapshots: (field buffer, its
-    snapshot buffer) pairs in the adjoint's IR (redirect). checks: the accesses the forward launch
+    read a copy taken before the launch; `redirected`: their ids, and those of the reads an update
+    overwrites whose values the adjoint does not read (needed.py), which read no copy. snapshots:
+    (field buffer, its snapshot buffer) pairs in the adjoint's IR (redirect). checks: the accesses the forward launch
     checks at run time (shadow.py), None when the kernel cannot be differentiated anyway (its
     adjoint says why). shadows: the checked variant's Shadow sources (instrument)."""
 
@@ -120,9 +122,12 @@ def promote(s: Derivation) -> Derivation:
 
 
 def snapshot(s: Derivation) -> Derivation:
-    """The reads that an update overwrites, which read a copy taken before the launch (analysis)."""
+    """The reads that an update overwrites, which read a copy taken before the launch (analysis);
+    those whose value no derivative reads need no copy (needed.py), but are exempt all the same."""
     found = snapshot_loads(s.primal)
-    return s.with_plan(snapshot=found, redirected=frozenset(id(x) for loads in found.values() for x in loads))
+    free = unneeded_loads(s.primal) if found else set()
+    copied = {b: kept for b, loads in found.items() if (kept := [x for x in loads if id(x) not in free])}
+    return s.with_plan(snapshot=copied, redirected=frozenset(id(x) for loads in found.values() for x in loads))
 
 
 def runtime_checks(s: Derivation) -> Derivation:

@@ -32,21 +32,20 @@ from .access import _at_most_once, _combine, _enclosing_loops, _private_dims, _s
 
 
 def promote_elements(kernel: Kernel) -> Kernel:
-    """Rewrite, in place, every qualifying element of every serial loop of the range tasks; and
+    """Rewrite, in place, every qualifying element of every serial loop of the tasks; and
     forward stores to later loads of the same element in the same block (the thread's own element:
     the load reads what the thread just stored), so that no load sees a value stored in the launch."""
     for t in kernel.tasks:
-        if t.kind == "range":
-            par = _parallel_keys(kernel, t)
-            if par is not None:
-                _demote_private_atomics(t, kernel, par)
-                mapping: dict = {}
-                _forward(t.body, kernel, par, mapping)
-                substitute(kernel, mapping)
-            _block(t.body, kernel, par)
-            if par is not None:
-                _promote_task(t, kernel, par)
-            _inductions(t.body, kernel)
+        par = _parallel_keys(kernel, t)
+        if par is not None:
+            _demote_private_atomics(t, kernel, par)
+            mapping: dict = {}
+            _forward(t.body, kernel, par, mapping)
+            substitute(kernel, mapping)
+        _block(t.body, kernel, par)
+        if par is not None:
+            _promote_task(t, kernel, par)
+        _inductions(t.body, kernel)
     return kernel
 
 
@@ -238,6 +237,16 @@ def _recompute(v: Stmt, inside: set, out: list) -> Stmt | None:
     return copy
 
 
+def _recomputable(idx: Stmt, inside: set, kernel: Kernel) -> bool:
+    """An index computed in a loop that can be computed before it: from the thread's indices and
+    constants only (a matrix component's `4 * i + c`). One that names an outer serial loop's index
+    (`x[t + 1, i]` in `for j` in `for t`) stays where it is: the element changes with t, and
+    promoting it in the inner loop would read it before the loop of t overwrites it."""
+    if _recompute(idx, inside, []) is None:
+        return False
+    return not any(k is not None and k[0] == "sloop" for k in affine(idx, kernel.loop_dims))
+
+
 def _elements(accesses: list, ld: dict) -> list[list] | None:
     """The accesses of one buffer grouped by element, or None when two of them may or may not
     touch the same element (then none is promoted)."""
@@ -319,8 +328,6 @@ def snapshot_loads(kernel: Kernel) -> dict[int, list]:
     ld = kernel.loop_dims
     out: dict[int, list] = {}
     for t in kernel.tasks:
-        if t.kind != "range":
-            continue
         order = [s for s in walk(t.body) if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE)]
         stored: dict[int, list] = {}  # id(buffer) -> the stores earlier in the task
         for n, load in enumerate(order):
@@ -352,9 +359,10 @@ def _serial(loops: dict, s: Stmt) -> set:
 
 
 def _parallel_keys(kernel: Kernel, t: Task) -> set | None:
-    """The keys of the task's parallel indices (none for a loop of at most one iteration: one
-    thread), or None when the analyses cannot name them."""
-    if _at_most_once(t.begin, t.end):
+    """The keys of the task's parallel indices (none for a loop of at most one iteration, or for
+    the kernel's top-level code, a serial task: one thread runs it once, the single iteration of
+    a loop), or None when the analyses cannot name them."""
+    if t.kind != "range" or _at_most_once(t.begin, t.end):
         return set()
     dims = {d for (task, d) in kernel.loop_dims.values() if task is t}
     return {("pdim", id(t), d) for d in dims} if dims else None
@@ -398,7 +406,7 @@ def _promote_loop(loop: Stmt, kernel: Kernel, par: set) -> tuple[list, list]:
         # adds to the element (the thread's own only within this loop) would conflict with
         if (len(adds) == len(accesses)
                 or any(x.attr[0] not in (AtomicKind.ADD, AtomicKind.SUB) or id(x) in used for x in adds)
-                or id(idx) in ids
+                or (id(idx) in ids and not _recomputable(idx, ids, kernel))
                 or not any(x.op is not Op.GLOBAL_LOAD for x in accesses)
                 or (once and not any(x.op is not Op.GLOBAL_STORE for x in accesses))
                 or not _private(first, kernel, par)):
@@ -406,8 +414,12 @@ def _promote_loop(loop: Stmt, kernel: Kernel, par: set) -> tuple[list, list]:
         buf = first.attr[1] if first.op is Op.ATOMIC else first.attr
         index = first.index
         var = Stmt(Op.ALLOCA, buf.dtype, [], buf.name, name=buf.name.replace(".", "_"), loc=loop.loc)
+        # an index computed inside the loop from values outside it (a component's `4 * i + c`
+        # under an `if`, where LICM does not hoist it) is computed again before the loop
+        head: list = []
+        idx = _recompute(idx, ids, head)
         init = Stmt(Op.GLOBAL_LOAD, buf.dtype, [idx], buf, name=buf.name, loc=loop.loc, index=index)
-        before += [var, init, Stmt(Op.LOCAL_STORE, None, [var, init], loc=loop.loc)]
+        before += head + [var, init, Stmt(Op.LOCAL_STORE, None, [var, init], loc=loop.loc)]
         _to_local(accesses, var, buf, loop.blocks[0])
         final = Stmt(Op.LOCAL_LOAD, buf.dtype, [var], name=var.name, loc=loop.loc)
         after += [final, Stmt(Op.GLOBAL_STORE, None, [idx, final], buf, loc=loop.loc, index=index)]

@@ -255,19 +255,34 @@ class AdjointEmitter(RuleBuilder):
         b = self.b
         kind, buf = s.attr
         val = s.args[1]
-        if id(val) not in self.active or id(buf) not in self.grads:
+        minmax = kind not in (AtomicKind.ADD, AtomicKind.SUB)
+        if id(buf) not in self.grads or (id(val) not in self.active and not (minmax and self.consume)):
             return
         idx = self.pm[id(s.args[0])]
-        g = b.emit(Op.GLOBAL_LOAD, [idx], f32, self.grads[id(buf)])
-        if self.nan is not None:
-            self.nan.read(b, g, idx, buf, self.grads[id(buf)], s.loc)
-        if kind is AtomicKind.ADD:
-            self.accumulate(val, g)
-        elif kind is AtomicKind.SUB:
-            self.accumulate(val, b.emit(Op.NEG, [g]))
-        else:  # min/max: the adjoint goes to the values equal to the final result
-            final = b.emit(Op.GLOBAL_LOAD, [idx], f32, buf)
-            self.accumulate(val, b.select(b.emit(Op.EQ, [final, self.pm[id(val)]]), g, b.const(0.0, f32)))
+        gbuf = self.grads[id(buf)]
+        if not minmax:
+            g = b.emit(Op.GLOBAL_LOAD, [idx], f32, gbuf)
+            if self.nan is not None:
+                self.nan.read(b, g, idx, buf, gbuf, s.loc)
+            self.accumulate(val, g if kind is AtomicKind.ADD else b.emit(Op.NEG, [g]))
+            return
+        # min/max: the adjoint goes to the value equal to the final result, which takes the
+        # element's gradient: the value it beat (the field's, or an earlier iteration's) gets none.
+        # Only a winner reads and clears it (no race but between tied values: no derivative there)
+        final = b.emit(Op.GLOBAL_LOAD, [idx], f32, buf)
+        # equal up to a few ulps: the replay recomputes the value in another shader, whose
+        # compiler may round it differently (a contracted multiply-add; fuzz seed 340)
+        gap = b.emit(Op.ABS, [b.sub(final, self.pm[id(val)])])
+        won = b.emit(Op.LE, [gap, b.mul(b.emit(Op.ABS, [final]), b.const(5e-7, f32))])
+        iff = b.if_(won)
+        with b.at(iff.blocks[0]):
+            if id(val) in self.active:
+                g = b.emit(Op.GLOBAL_LOAD, [idx], f32, gbuf)
+                if self.nan is not None:
+                    self.nan.read(b, g, idx, buf, gbuf, s.loc)
+                self.accumulate(val, g)
+            if self.consume:
+                b.emit(Op.GLOBAL_STORE, [idx, b.const(0.0, f32)], None, gbuf)
 
     def rev_loop(self, s: Stmt) -> None:
         b = self.b

@@ -1,0 +1,426 @@
+"""Correct programs the access analysis once refused (issue #26, items 6-9), each now proven by a
+general rule, against analytic derivatives or float64 references; and the programs next to them
+that break the rules, which must stay refused (or checked at run time).
+
+  6. the kernel's top-level code is one thread running once: the single iteration of a loop
+     (promote.py treats a serial task as a range task of one thread);
+  7. a read whose value no derivative needs needs no copy of the field (needed.py): a store under
+     an `if` in a serial loop no longer makes the field count as updated in place;
+  8. a store under `if j == e` runs in at most one iteration of loop j (access.py _pinned_loops);
+  9. `i % n` with 0 <= i < n is i (simplify.py _below, from the loop's range).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import wgpu_ad as ti
+from ad_util import assert_grad, central_diff, f32
+from wgpu_ad.errors import DataAccessError
+
+pytestmark = pytest.mark.gpu
+
+
+# ---- 6: top-level code ----------------------------------------------------------------------------
+def test_top_level_read_then_write_is_the_single_iteration_it_is():
+    """Taichi's data-access rules #1 and #2 at kernel top level: loss = x[1] * b, then b += 100
+    (the read of b sees the value before the update); loss += x[1]^2, then loss *= x[2]."""
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    b = ti.field(ti.f32, shape=(), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def rule1():
+        loss[None] = x[1] * b[None]
+        b[None] += 100
+
+    @ti.kernel
+    def rule2():
+        loss[None] += x[1] ** 2
+        loss[None] *= x[2]
+
+    x.from_numpy(f32([0.0, 2.0, 3.0, 0.0]))
+    b[None] = 5.0
+    with ti.ad.Tape(loss=loss):
+        rule1()
+    assert loss[None] == pytest.approx(10.0)
+    assert b[None] == pytest.approx(105.0)
+    np.testing.assert_allclose(x.grad.to_numpy(), [0.0, 5.0, 0.0, 0.0])   # d(x1 b)/dx1 = b before
+    assert b.grad[None] == pytest.approx(2.0)                            # d(x1 b)/db = x1
+
+    loss[None] = 0.0
+    with ti.ad.Tape(loss=loss):
+        rule2()
+    assert loss[None] == pytest.approx(12.0)
+    np.testing.assert_allclose(x.grad.to_numpy(), [0.0, 12.0, 4.0, 0.0])  # (2 x1 x2, x1^2)
+
+
+def test_top_level_update_by_hand_without_a_tape():
+    """The same top-level update with kernel.grad(): the read of y replays the copy of y taken
+    before the launch (y = y^2 + c: d/dy = 2 y before)."""
+    y = ti.field(ti.f32, shape=(), needs_grad=True)
+    c = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def square():
+        y[None] = y[None] * y[None] + c[None]
+
+    y[None], c[None] = 0.75, 0.25
+    square()
+    y.grad[None] = 1.0
+    square.grad()
+    assert y.grad[None] == pytest.approx(1.5)
+    assert c.grad[None] == pytest.approx(1.0)
+
+
+def test_top_level_write_after_a_parallel_loop_read_stays_refused():
+    """A parallel loop reads b, then the top level overwrites it: two dispatches, the replay of
+    the first would read the new value. Still refused, naming the field and both lines."""
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    b = ti.field(ti.f32, shape=(), needs_grad=True)
+    y = ti.field(ti.f32, shape=4, needs_grad=True)
+
+    @ti.kernel
+    def clobber():
+        for i in range(4):
+            y[i] = x[i] * b[None]
+        b[None] = b[None] * 3.0
+
+    with pytest.raises(ti.NotDifferentiableError, match=r"kernel 'clobber': it reads field 'b' \(line \d+\) "
+                                                        r"and then overwrites what it read"):
+        clobber.grad()
+
+
+# ---- 7: a conditional store in a serial loop --------------------------------------------------------
+def test_component_store_at_run_time_indices_needs_no_forward_launch():
+    """Taichi's test_ad_dynamic_index: m[i][j, k] = (j + 1)(k + 1) n[i][j, k] with j, k serial loop
+    indices (a store under an `if` per component), loss += m[i][j, k]; kernel.grad() with no
+    forward launch before it, as in Taichi: d loss / d n[i][j, k] = (j + 1)(k + 1)."""
+    m = ti.Matrix.field(2, 2, ti.f32, 5, needs_grad=True)
+    n = ti.Matrix.field(2, 2, ti.f32, 5, needs_grad=True)
+    loss = ti.field(ti.f32, (), needs_grad=True)
+    n.fill(0)
+
+    @ti.kernel
+    def func1():
+        for i in range(5):
+            for j, k in ti.ndrange(2, 2):
+                m[i][j, k] = (j + 1) * (k + 1) * n[i][j, k]
+                loss[None] += m[i][j, k]
+
+    loss.grad[None] = 1.0
+    func1.grad()
+    want = np.array([[1.0, 2.0], [2.0, 4.0]])
+    np.testing.assert_allclose(n.grad.to_numpy(), np.broadcast_to(want, (5, 2, 2)))
+
+
+def test_conditional_store_in_a_serial_loop_copies_nothing_on_a_tape():
+    """y[i] = 2 x[i] k under `if k == c[None]` inside `for k in range(3)` (c read at run time: the
+    store may not happen, and y keeps its value): the gradients are exact for both outcomes, and
+    the launch keeps no copy of y (kernel.grad() by hand needs no forward launch before it)."""
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    y = ti.field(ti.f32, shape=4, needs_grad=True)
+    c = ti.field(ti.i32, shape=())
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def pick():
+        for i in range(4):
+            for k in range(3):
+                if k == c[None] + i % 2:
+                    y[i] = 2.0 * x[i] * k
+
+    @ti.kernel
+    def total():
+        for i in range(4):
+            loss[None] += (i + 1.0) * y[i] * y[i]
+
+    x0, y0 = np.array([0.5, -0.25, 0.75, 1.0]), np.array([0.1, 0.2, -0.3, 0.4])
+    for cv in (1, 2):
+        x.from_numpy(f32(x0))
+        y.from_numpy(f32(y0))
+        c[None] = cv
+        with ti.ad.Tape(loss=loss):
+            pick()
+            total()
+        kk = np.array([cv + i % 2 for i in range(4)])
+        hit = kk < 3
+        yv = np.where(hit, 2.0 * x0 * kk, y0)
+        w = np.arange(1.0, 5.0)
+        assert loss[None] == pytest.approx(float(np.sum(w * yv * yv)), rel=1e-5)
+        assert_grad(x.grad.to_numpy(), np.where(hit, 2 * w * yv * 2.0 * kk, 0.0))
+        assert_grad(y.grad.to_numpy(), np.where(hit, 0.0, 2 * w * yv))
+    # no copy of y is needed: by hand, with no forward launch right before (as Taichi allows)
+    x.grad.fill(0.0)
+    y.grad.fill(1.0)
+    pick.grad()
+    np.testing.assert_allclose(x.grad.to_numpy(), np.where(hit, 2.0 * kk, 0.0))
+    np.testing.assert_allclose(y.grad.to_numpy(), np.where(hit, 0.0, 1.0))
+
+
+def test_value_needed_by_a_derivative_still_gets_its_copy():
+    """x[i] = x[i] * x[i] needs x's value before the launch (its derivative is 2 x): kernel.grad()
+    without the forward launch right before it is still refused with the fix."""
+    x = ti.field(ti.f32, shape=3, needs_grad=True)
+
+    @ti.kernel
+    def square():
+        for i in x:
+            x[i] = x[i] * x[i]
+
+    x.grad.fill(1.0)
+    with pytest.raises(ti.WgpuAdError, match=r"square.grad\(\): kernel 'square' updates field 'x' in place"):
+        square.grad()
+
+
+def test_linear_in_place_update_needs_no_copy():
+    """x[i] = 3 x[i] + y[i]: the derivative reads no value of x, so kernel.grad() works without a
+    forward launch before it (x.grad = 3 x.grad, y.grad += x.grad)."""
+    x = ti.field(ti.f32, shape=3, needs_grad=True)
+    y = ti.field(ti.f32, shape=3, needs_grad=True)
+
+    @ti.kernel
+    def affine():
+        for i in x:
+            x[i] = 3.0 * x[i] + y[i]
+
+    x.grad.from_numpy(f32([1.0, 2.0, -1.0]))
+    affine.grad()
+    np.testing.assert_allclose(x.grad.to_numpy(), [3.0, 6.0, -3.0])
+    np.testing.assert_allclose(y.grad.to_numpy(), [1.0, 2.0, -1.0])
+
+
+# ---- 8: a conditional store at a computed index -----------------------------------------------------
+def test_store_under_an_equality_runs_once_per_step():
+    """for t in range(4): for j in range(3): if j == 1: x[t + 1, i] = 2 x[t, i]: one store per
+    step; x.grad[0, i] = 2^4 for loss = sum_i x[4, i]."""
+    N = 3
+    x = ti.field(ti.f32, shape=(5, N), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def steps():
+        for i in range(N):
+            for t in range(4):
+                for j in range(3):
+                    if j == 1:
+                        x[t + 1, i] = 2.0 * x[t, i]
+
+    @ti.kernel
+    def total():
+        for i in range(N):
+            loss[None] += x[4, i]
+
+    x.from_numpy(f32(np.ones((5, N))))
+    with ti.ad.Tape(loss=loss):
+        steps()
+        total()
+    np.testing.assert_allclose(x.to_numpy()[4], [16.0] * N)
+    np.testing.assert_allclose(x.grad.to_numpy()[0], [16.0] * N)
+    np.testing.assert_allclose(x.grad.to_numpy()[1:], 0.0)
+
+
+@pytest.mark.parametrize("form", ["outer_index", "conjunct", "else_of_not_equal"])
+def test_equalities_that_pin_a_loop(form):
+    """`if j == t` (t an outer loop's index), `if j == 1 and gate[i] > 0`, and the else of
+    `if j != 2`: each pins j to one iteration; x[4, i] = 2^4 x[0, i] (loss = sum_i x[4, i])."""
+    N = 3
+    x = ti.field(ti.f32, shape=(5, N), needs_grad=True)
+    gate = ti.field(ti.f32, shape=N)
+    gate.fill(1.0)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    if form == "outer_index":
+        @ti.kernel
+        def steps():
+            for i in range(N):
+                for t in range(4):
+                    for j in range(4):
+                        if j == t:
+                            x[t + 1, i] = 2.0 * x[t, i]
+    elif form == "conjunct":
+        @ti.kernel
+        def steps():
+            for i in range(N):
+                for t in range(4):
+                    for j in range(3):
+                        if j == 1 and gate[i] > 0.0:
+                            x[t + 1, i] = 2.0 * x[t, i]
+    else:
+        @ti.kernel
+        def steps():
+            for i in range(N):
+                for t in range(4):
+                    for j in range(3):
+                        if j != 2:
+                            pass
+                        else:
+                            x[t + 1, i] = 2.0 * x[t, i]
+
+    @ti.kernel
+    def total():
+        for i in range(N):
+            loss[None] += x[4, i]
+
+    x0 = np.array([0.5, -1.0, 2.0])
+    x.from_numpy(f32(np.tile(x0, (5, 1))))
+    with ti.ad.Tape(loss=loss):
+        steps()
+        total()
+    np.testing.assert_allclose(x.to_numpy()[4], 16.0 * x0)
+    np.testing.assert_allclose(x.grad.to_numpy()[0], [16.0] * N)
+
+
+def test_store_at_an_offset_under_an_equality():
+    """a[i + 4] = sin(a[i]) * a[i] under `if j == i % 2` inside `for j in range(2)`, i a serial
+    loop: each a[i + 4] stored once; against float64 central differences."""
+    a = ti.field(ti.f32, shape=8, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def shift():
+        ti.loop_config(serialize=True)
+        for i in range(4):
+            for j in range(2):
+                if j == i % 2:
+                    a[i + 4] = ti.sin(a[i]) * a[i]
+
+    @ti.kernel
+    def total():
+        for i in range(8):
+            loss[None] += (i + 1.0) * a[i]
+
+    a0 = np.linspace(-0.8, 0.9, 8)
+
+    def ref(v):
+        v = v.copy()
+        v[4:] = np.sin(v[:4]) * v[:4]
+        return float(np.sum(np.arange(1.0, 9.0) * v))
+
+    a.from_numpy(f32(a0))
+    with ti.ad.Tape(loss=loss):
+        shift()
+        total()
+    assert loss[None] == pytest.approx(ref(f32(a0).astype(np.float64)), rel=1e-5)
+    assert_grad(a.grad.to_numpy(), central_diff(ref, f32(a0).astype(np.float64)))
+
+
+def test_store_under_an_inequality_stays_refused():
+    """`if j != 1` (or j <= 1) lets two iterations store the same x[t + 1, i]: still refused."""
+    x = ti.field(ti.f32, shape=(5, 3), needs_grad=True)
+
+    @ti.kernel
+    def twice():
+        for i in range(3):
+            for t in range(4):
+                for j in range(3):
+                    if j != 1:
+                        x[t + 1, i] = 2.0 * x[t, i] + j
+
+    with pytest.raises(ti.NotDifferentiableError, match=r"kernel 'twice': it stores to field 'x' \(line \d+\) "
+                                                        r"inside a loop, and the same element may be stored by "
+                                                        r"more than one iteration"):
+        twice.grad()
+
+
+def test_store_under_an_equality_with_an_inner_index_stays_refused():
+    """`if j == k` with k the index of a loop inside j's: j is not pinned (each j meets a k), and
+    x[t + 1, i] is stored in several iterations of j: still refused."""
+    x = ti.field(ti.f32, shape=(5, 3), needs_grad=True)
+
+    @ti.kernel
+    def diagonal():
+        for i in range(3):
+            for t in range(4):
+                for j in range(3):
+                    for k in range(3):
+                        if j == k:
+                            x[t + 1, i] = 2.0 * x[t, i] + j
+
+    with pytest.raises(ti.NotDifferentiableError, match=r"may be stored by more than one iteration"):
+        diagonal.grad()
+
+
+# ---- 9: i % n ---------------------------------------------------------------------------------------
+def test_modulo_by_the_loop_extent_is_the_index():
+    """x[i] = sin(x[i]) + x[i % N] * y[i] with i in range(N): i % N is i, an update of the thread's
+    own element (no run-time check); loss = sum x^2 against float64 central differences."""
+    N = 5
+    x = ti.field(ti.f32, shape=N, needs_grad=True)
+    y = ti.field(ti.f32, shape=N, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def update(n: ti.i32):
+        for i in range(n):
+            x[i] = ti.sin(x[i]) + x[i % n] * y[i % N]
+
+    @ti.kernel
+    def total():
+        for i in range(N):
+            loss[None] += x[i] * x[i]
+
+    x0, y0 = np.linspace(-1.0, 1.0, N), np.linspace(0.5, -0.5, N)
+
+    def ref(xv, yv):
+        return float(np.sum((np.sin(xv) + xv * yv) ** 2))
+
+    x.from_numpy(f32(x0))
+    y.from_numpy(f32(y0))
+    with ti.ad.Tape(loss=loss):
+        update(N)
+        total()
+    xr, yr = f32(x0).astype(np.float64), f32(y0).astype(np.float64)
+    assert loss[None] == pytest.approx(ref(xr, yr), rel=1e-5)
+    assert_grad(x.grad.to_numpy(), central_diff(lambda v: ref(v, yr), xr))
+    assert_grad(y.grad.to_numpy(), central_diff(lambda v: ref(xr, v), yr))
+
+
+def test_modulo_by_less_than_the_extent_stays_checked():
+    """x[i] = x[i % 3] * 2 with i in range(6): threads 3..5 read what threads 0..2 store, a real
+    read-then-overwrite; the run-time check names it."""
+    x = ti.field(ti.f32, shape=6, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def fold():
+        for i in range(6):
+            x[i] = x[i % 3] * 2.0
+
+    @ti.kernel
+    def total():
+        for i in range(6):
+            loss[None] += x[i]
+
+    x.fill(1.0)
+    with pytest.raises(DataAccessError, match=r"kernel 'fold': x\[0\] was read \(line \d+\) and then stored "
+                                              r"\(line \d+\) by the same launch"):
+        with ti.ad.Tape(loss=loss):
+            fold()
+            total()
+
+
+def test_modulo_folds_only_inside_the_range():
+    """(i + 1) % n is not i: the IR keeps the modulo (a read of the next element)."""
+    n = 4
+    x = ti.field(ti.f32, shape=n, needs_grad=True)
+    y = ti.field(ti.f32, shape=n, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def roll():
+        for i in range(n):
+            y[i] = x[(i + 1) % n] * x[i % n]
+
+    @ti.kernel
+    def total():
+        for i in range(n):
+            loss[None] += y[i]
+
+    x0 = np.array([0.5, -1.0, 2.0, 0.25])
+    x.from_numpy(f32(x0))
+    with ti.ad.Tape(loss=loss):
+        roll()
+        total()
+    np.testing.assert_allclose(y.to_numpy(), np.roll(x0, -1) * x0, rtol=1e-6)
+    np.testing.assert_allclose(x.grad.to_numpy(), np.roll(x0, -1) + np.roll(x0, 1), rtol=1e-6)
