@@ -53,6 +53,9 @@ bench bench "${BENCH_S:-190}" --only "${BENCH_ONLY:-gravity,cloth,reduction,scat
   --systems "$(installed "${BENCH_SYSTEMS:-wgpu_ad,wgsl,taichi-cuda,taichi-vulkan,torch,jax}")" --reps "${BENCH_REPS:-5}" ${BENCH_ARGS:-}
 bench compile "${COMPILE_S:-90}" --only "${COMPILE_ONLY:-gravity,cloth,reduction,scatter}" \
   --systems "$(installed wgpu_ad,torch-compile)" --reps "${BENCH_REPS:-5}"
+# ti.init(deterministic=True) against the default: its cost on a GPU, where a task with float
+# atomics in one invocation loses the most (never measured on one yet)
+bench determinism "${DET_S:-60}" --only determinism --systems wgpu_ad
 if (( ${EXTRA_S:-0} > 0 )); then
   bench extra "$EXTRA_S" --only compile,torch,checkpoint,fwdmode --systems "$(installed wgpu_ad,wgsl,taichi-vulkan)" \
     --checkpoint-steps 500
