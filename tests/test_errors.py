@@ -436,3 +436,20 @@ def test_an_integer_gradient_is_a_taichi_runtime_error():
     gradient catches ours (a data access rule's refusal is a TaichiAssertionError: test_ad_programs)."""
     with pytest.raises(ti.TaichiRuntimeError, match=r"ti.ndarray: needs_grad=True needs a float dtype, got i32"):
         ti.ndarray(ti.i32, 4, needs_grad=True)
+
+
+def test_an_unknown_init_option_is_named_not_ignored_silently():
+    """ti.init(show_wgsl=True) used to do nothing without a word: an option that is neither
+    wgpu_ad's nor one of Taichi's that mean nothing on WebGPU gets a warning at the user's line,
+    with the nearest option; Taichi's (kernel_profiler, device_memory_GB, ...) stay silent."""
+    import warnings
+    with pytest.warns(UserWarning) as rec:
+        ti.init(show_wgsl=True)
+    msg = str(rec[0].message)
+    assert msg.startswith("ti.init(show_wgsl=...): wgpu_ad has no option 'show_wgsl', so it does nothing; "
+                          "did you mean print_wgsl=? (wgpu_ad's options: print_ir, print_wgsl, "), msg
+    assert rec[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ti.init(kernel_profiler=True, device_memory_GB=2, fast_math=False, deterministic=False)
+    ti.init()

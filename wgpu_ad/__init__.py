@@ -73,6 +73,7 @@ def init(arch=None, debug: bool = False, device=None, **kwargs):
         if ad_stack_size:
             compile_opts["ad_stack_size"] = ad_stack_size
     f64_as_f32 = _f64_option(kwargs)
+    _warn_unknown_options(kwargs)
     # the Runtime's own arguments; Taichi-only options (device_memory_GB, kernel_profiler, ...) are ignored
     runtime_kwargs = {k: kwargs[k] for k in _RUNTIME_ARGS if k in kwargs}
     runtime_kwargs["device"] = device
@@ -106,6 +107,40 @@ def _f64_option(kwargs: dict) -> bool:
 def _np_float64(t) -> bool:
     import numpy as np
     return t is np.float64 or (isinstance(t, np.dtype) and t == np.float64)
+
+
+# Taichi's ti.init options that mean nothing on WebGPU: accepted and ignored without a word (the
+# commonly used ones of its CompileConfig and its init; any other unknown name gets a warning)
+_TAICHI_ONLY = frozenset(
+    "default_ip default_up enable_fallback require_version kernel_profiler device_memory_GB "
+    "device_memory_fraction fast_math advanced_optimization cpu_max_num_threads verbose log_level "
+    "check_out_of_bound opt_level cfg_optimization flatten_if make_thread_local make_block_local "
+    "detect_read_only real_matrix_scalarize force_scalarize_matrix half2_vectorization dynamic_index "
+    "demote_dense_struct_fors default_cpu_block_dim cpu_block_dim_adaptive default_gpu_block_dim "
+    "saturating_grid_dim max_block_dim timeline verbose_kernel_launches use_unified_memory packed "
+    "offline_cache_max_size_of_files offline_cache_cleaning_policy offline_cache_cleaning_factor "
+    "num_compile_threads vk_api_version print_kernel_llvm_ir print_kernel_nvptx print_kernel_asm "
+    "print_preprocessed print_preprocessed_ir print_accessor_ir print_struct_llvm_ir gdb_trigger "
+    "excepthook short_circuit_operators experimental_real_function ndarray_use_torch debug_info "
+    "cuda_stack_limit use_mesh experimental_auto_mesh_local quant_opt_store_fusion "
+    "quant_opt_atomic_demotion make_cpu_multithreading_loop allow_nv_shader_extension".split())
+_OWN_OPTIONS = ("print_ir", "print_wgsl", "offline_cache", "offline_cache_file_path", "deterministic",
+                "ad_stack_size", "f64")
+
+
+def _warn_unknown_options(kwargs: dict) -> None:
+    """A ti.init keyword that is neither wgpu_ad's nor a Taichi option that means nothing here (a
+    typo, another library's name) would do nothing silently: a warning names it."""
+    import difflib
+    from .user_code import warn
+    ours = _OWN_OPTIONS + _RUNTIME_ARGS + ("arch", "debug", "device")
+    for name in kwargs:
+        if name in _RUNTIME_ARGS or name in _TAICHI_ONLY:
+            continue
+        near = difflib.get_close_matches(name, ours, n=1, cutoff=0.5)
+        warn(f"ti.init({name}=...): wgpu_ad has no option {name!r}, so it does nothing"
+             + (f"; did you mean {near[0]}=?" if near else "") + f" (wgpu_ad's options: {', '.join(ours)})",
+             UserWarning)
 
 
 _RUNTIME_ARGS = ("force_emulated_atomics", "default_fp", "random_seed", "print_buffer_lines",
