@@ -482,3 +482,34 @@ def test_float64_tensors_under_the_f64_opt_in():
     assert loss.dtype == torch.float64 and x.grad.dtype == torch.float64
     assert loss.item() == pytest.approx((x0 ** 3).sum(), rel=1e-6)
     np.testing.assert_allclose(x.grad.numpy(), 3 * x0 ** 2, rtol=1e-6)
+
+
+def test_a_rollout_of_two_calls_through_an_intermediate_field_has_each_calls_gradient():
+    """fn = a(x); b(y) with a field h between them, called twice in one graph: the second call
+    overwrites h before the first call's backward pass, whose adjoint of b reads h. Each call's
+    adjoint gets the h its forward pass left (it got the second call's: a silently wrong gradient),
+    and h holds the last call's values again afterwards. d/dx sum((x^2)^2) = 4 x^3."""
+    h = ti.field(ti.f32, shape=4, needs_grad=True)
+
+    @ti.kernel
+    def square_into_h(x: ti.types.ndarray()):
+        for i in h:
+            h[i] = x[i] * x[i]
+
+    @ti.kernel
+    def square_h(y: ti.types.ndarray()):
+        for i in h:
+            y[i] = h[i] * h[i]
+
+    def fourth_power(x, y):
+        square_into_h(x)
+        square_h(y)
+
+    f = wt.function(fourth_power, outputs={"y": "x"})
+    x1 = torch.tensor([1.0, 2.0, 3.0, 0.5], requires_grad=True)
+    x2 = torch.tensor([2.0, -1.0, 1.5, 1.0], requires_grad=True)
+    loss = f(x1).sum() + 2.0 * f(x2).sum()
+    loss.backward()
+    np.testing.assert_allclose(x1.grad.numpy(), 4 * x1.detach().numpy() ** 3, rtol=1e-6)
+    np.testing.assert_allclose(x2.grad.numpy(), 8 * x2.detach().numpy() ** 3, rtol=1e-6)
+    np.testing.assert_allclose(h.to_numpy(), x2.detach().numpy() ** 2, rtol=1e-6)

@@ -169,7 +169,8 @@ class _Bridge:
                    for nd, (n, s) in zip(outs, self.outputs.items())]
         if any(g is not None for g in grads_in):
             ctx.state = (tape, outs, grads_in, field_values, nds,
-                         [tuple(v.shape) if isinstance(v, torch.Tensor) else None for v in inputs], device)
+                         [tuple(v.shape) if isinstance(v, torch.Tensor) else None for v in inputs], device,
+                         self._keep_written(tape, nds))
             # the ndarrays hold this call's values until torch drops the graph
             weakref.finalize(ctx, self._release, nds)
         else:
@@ -195,12 +196,42 @@ class _Bridge:
                               f"create it with needs_grad=True")
         return values, fld
 
+    @staticmethod
+    def _keep_written(tape, nds: list) -> list:
+        """(field, its version, a device copy of its values) for every field the call's launches
+        wrote: a later call of the graph (or any launch) may overwrite it before this call's backward
+        pass, whose adjoints read the values this forward pass left there."""
+        own = {id(nd) for nd in nds}
+        written: dict = {}
+        for entry in tape.entries:
+            accessed = getattr(entry.fn, "accessed", None)
+            if accessed is None:
+                continue
+            for st in accessed(*entry.args)[1]:
+                if getattr(st, "is_field", False) and not st.is_grad and id(st) not in own:
+                    written[id(st)] = st
+        kept = []
+        for st in written.values():
+            copy = Ndarray(st.dtype, st.shape, st.element_shape, name=f"{st.name or 'field'}_kept")
+            copy._copy_from(st)
+            kept.append((st, st.version, copy))
+        return kept
+
     def _backward(self, ctx, grad_outputs: tuple):
-        tape, outs, grads_in, field_values, nds, shapes, device = ctx.state
+        tape, outs, grads_in, field_values, nds, shapes, device, kept = ctx.state
         # a field input may be shared by several calls of one graph (a rollout): each call's adjoint
         # needs the values its forward pass copied in, and a zero gradient to accumulate into
         for fld, values in field_values:
             fld.from_numpy(values)
+        # fields the call wrote and something overwrote since (the next call of a rollout): this
+        # call's values go back for its adjoints, and the newer ones after them
+        newer = []
+        for fld, version, copy in kept:
+            if fld.version != version:
+                now = Ndarray(fld.dtype, fld.shape, fld.element_shape, name=f"{fld.name or 'field'}_now")
+                now._copy_from(fld)
+                newer.append((fld, now))
+                fld._copy_from(copy)
         for nd in grads_in:
             if nd is not None:
                 nd.grad.fill(0)
@@ -214,6 +245,8 @@ class _Bridge:
             tape.grad_again()
         else:
             tape.grad()
+        for fld, now in newer:
+            fld._copy_from(now)
         result = tuple(None if nd is None else torch.from_numpy(
             np.ascontiguousarray(nd.grad.to_numpy()).reshape(shape)).to(device) for nd, shape in zip(grads_in, shapes))
         return result
