@@ -245,3 +245,50 @@ def test_a_kernel_keeps_no_specialisation_of_a_closed_session():
         x = ti.field(ti.f32, shape=4)  # (bump reads this session's x)
         bump(1.0)
         assert x[2] == 1.0 and len(bump._cache) == 1
+
+
+@ti.kernel
+def weighted_sums(ws: ti.template(), x: ti.template(), loss: ti.template()):
+    for i in range(4):
+        for w in ti.static(ws):
+            loss[None] += w[i] * x[i]
+
+
+def test_a_fresh_tuple_of_fields_each_call_is_one_specialisation_and_is_released(fresh):
+    # a tuple passed as a template was keyed by its id and pinned: every call with a fresh tuple
+    # compiled the kernel again and kept the tuple and its fields until ti.reset()
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    x.from_numpy(np.arange(4, dtype=np.float32))
+
+    def cycle(c: float):
+        w = ti.field(ti.f32, shape=1 << 20)
+        w.fill(c)
+        v = ti.field(ti.f32, shape=4)
+        v.fill(1.0)
+        loss[None] = 0.0
+        with ti.ad.Tape(loss=loss):
+            weighted_sums((w, v), x, loss)
+        np.testing.assert_allclose(x.grad.to_numpy(), c + 1.0)         # d loss / d x_i = w_i + v_i
+        assert loss[None] == pytest.approx((c + 1.0) * (0 + 1 + 2 + 3))
+    cycle(1.0)
+    before = _live()
+    for c in range(2, 30):
+        cycle(float(c))
+    assert _live() == before
+    assert not weighted_sums._pinned and not weighted_sums._cache
+
+    a, b = ti.field(ti.f32, shape=4), ti.field(ti.f32, shape=4)
+    a.fill(2.0)
+    b.fill(3.0)
+    loss[None] = 0.0
+    for _ in range(3):  # three fresh tuples, one compile
+        weighted_sums((a, b), x, loss)
+    assert len(vars(a)["_wgpu_ad_specialised"][weighted_sums]) == 1
+    assert loss[None] == pytest.approx(3 * 5.0 * (0 + 1 + 2 + 3))
+    ws = [a]
+    weighted_sums(ws, x, loss)
+    ws.append(b)  # a list changed between calls is another specialisation, not the old one
+    loss[None] = 0.0
+    weighted_sums(ws, x, loss)
+    assert loss[None] == pytest.approx(5.0 * (0 + 1 + 2 + 3))

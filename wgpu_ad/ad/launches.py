@@ -251,10 +251,41 @@ def _versions_key(reads: list, args: tuple) -> tuple:
     def value(a):
         if isinstance(a, (int, float, str, np.generic)) or a is None:
             return a
-        if isinstance(a, (list, tuple, np.ndarray)):  # a vector argument
-            return tuple(np.asarray(a).ravel().tolist())
-        return id(a)  # a field, ndarray or template object
+        if isinstance(a, np.ndarray):  # a vector argument
+            return tuple(a.ravel().tolist())
+        if isinstance(a, (list, tuple)):  # a vector argument, or a tuple of fields as a template
+            return tuple(map(value, a))
+        return id(a)  # a field, ndarray or template object (by id: the key must not keep it)
     return ids, tuple(value(a) for a in args)
+
+
+_GONE = object()
+
+
+class _Items(tuple):
+    """A tuple or list argument (of fields, for a template) held item by item (_hold)."""
+    __slots__ = ()
+
+
+def _hold(a):
+    """An argument as a write log keeps it: storages and data-oriented objects weakly, tuples and
+    lists of them item by item, anything else as it is."""
+    if can_hold(a):
+        return weakref.ref(a)
+    if type(a) in (tuple, list):
+        return _Items((type(a), *map(_hold, a)))
+    return a
+
+
+def _alive(h):
+    """What _hold kept, back as the argument, or _GONE when a storage in it was dropped."""
+    if isinstance(h, weakref.ref):
+        v = h()
+        return _GONE if v is None else v
+    if isinstance(h, _Items):
+        items = [_alive(x) for x in h[1:]]
+        return _GONE if any(x is _GONE for x in items) else h[0](items)
+    return h
 
 
 class _Wrote:
@@ -267,12 +298,11 @@ class _Wrote:
     def __init__(self, lc: Launcher, args: tuple):
         # (not the Launcher: a long-lived storage's log would keep it, and the fields it names, alive)
         self.footprint = lc.footprint_plan
-        self.held = args if all(type(a) in _PLAIN for a in args) else tuple(
-            weakref.ref(a) if can_hold(a) else a for a in args)  # (storages, data-oriented objects)
+        self.held = args if all(type(a) in _PLAIN for a in args) else tuple(map(_hold, args))
 
     def indices(self, st) -> list | None:
-        live = tuple(a() if isinstance(a, weakref.ref) else a for a in self.held)
-        found = None if any(v is None for v in live) else self.footprint.of(live)
+        live = tuple(map(_alive, self.held))
+        found = None if any(v is _GONE for v in live) else self.footprint.of(live)
         if found is None:  # a storage it named is gone: assume it wrote every element
             return None
         return [idx for obj, kind, idx in found if obj is st and kind not in ("load", "load_before")]

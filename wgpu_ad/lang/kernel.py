@@ -15,7 +15,7 @@ from .external import EXTERNALS, Externals, describe, is_external
 from .launch import Launcher, binding_limit_error, check_binding_limit, launch
 from .keep import LaunchKeep
 from .kernel_text import KernelText
-from .specialised import can_hold, specialisations, without_specialisations
+from .specialised import can_hold, specialisations, template_key, without_specialisations
 
 
 class Template:
@@ -183,14 +183,13 @@ class Kernel(KernelText):
         for p, ann, v in zip(self.params, self.anns, args):
             if isinstance(ann, Template) or ann is Template:
                 specs.append(ArgSpec(p.name, "template", value=v))
-                if isinstance(v, (int, float, bool, str)):
-                    key.append(("t", (type(v), v)))
-                else:
-                    key.append(("t", id(v)))
-                    if not can_hold(v):
-                        self._pinned.setdefault(id(v), v)
-                    elif home is None:  # (it keeps its own specialisations: _get)
-                        home = v
+                objects: list = []
+                key.append(("t", template_key(v, objects)))
+                for o in objects:
+                    if home is None and can_hold(o):  # (it keeps its own specialisations: _get)
+                        home = o
+                    elif not can_hold(o):
+                        self._pinned.setdefault(id(o), o)
             elif isinstance(ann, NdarrayType) or ann is NdarrayType:
                 specs.append(self._ndarray_spec(p.name, ann, v))
                 s = specs[-1]

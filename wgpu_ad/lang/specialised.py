@@ -5,8 +5,10 @@ A specialisation (its Launcher, the compiled kernel's storage table) names the o
 fields it holds, so a kernel's own cache would keep them alive until ti.reset() (issue 25: 4 MiB
 per dropped field). Kept in the object's __dict__, weakly keyed by the kernel, the specialisation
 and the object form a cycle that the collector frees once the program drops the object, and it
-goes with the kernel too. Other objects (a tuple, an object without a __dict__) are pinned by the
-kernel as before (Kernel._pinned).
+goes with the kernel too. A tuple or list is keyed by what it holds (template_key), so a fresh
+tuple of the same fields each call reuses one specialisation and lives on its first field. Other
+objects (one without a __dict__) are pinned by the kernel (Kernel._pinned): their specialisation is
+found by id, which must stay theirs.
 """
 from __future__ import annotations
 
@@ -20,6 +22,20 @@ KEY = "_wgpu_ad_specialised"
 def can_hold(obj) -> bool:
     """Whether obj keeps kernels' specialisations for itself."""
     return (isinstance(obj, Storage) or getattr(type(obj), "_data_oriented", False)) and hasattr(obj, "__dict__")
+
+
+def template_key(v, objects: list):
+    """The part of a kernel's cache key for v, passed as a ti.template() argument: a plain value by
+    its value, a tuple or list by the keys of its items (so `k((a, b))` with a fresh tuple each call
+    is one specialisation, and a list changed between calls is another), any other object by its
+    id; such objects are appended to `objects` (the caller keeps them alive, or lets one hold the
+    specialisation: can_hold)."""
+    if v is None or isinstance(v, (int, float, bool, str)):
+        return (type(v), v)
+    if type(v) in (tuple, list):
+        return (type(v), tuple(template_key(x, objects) for x in v))
+    objects.append(v)
+    return id(v)
 
 
 def specialisations(obj, kernel) -> dict:
