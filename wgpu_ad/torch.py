@@ -203,11 +203,11 @@ class _Bridge:
         pass, whose adjoints read the values this forward pass left there."""
         own = {id(nd) for nd in nds}
         written: dict = {}
-        for entry in tape.entries:
-            accessed = getattr(entry.fn, "accessed", None)
+        for kernel, args in (la for entry in tape.entries for la in entry.launches()):
+            accessed = getattr(kernel, "accessed", None)  # (the kernels a grad_replaced function launched too)
             if accessed is None:
                 continue
-            for st in accessed(*entry.args)[1]:
+            for st in accessed(*args)[1]:
                 if getattr(st, "is_field", False) and not st.is_grad and id(st) not in own:
                     written[id(st)] = st
         kept = []
