@@ -292,3 +292,23 @@ def test_a_fresh_tuple_of_fields_each_call_is_one_specialisation_and_is_released
     loss[None] = 0.0
     weighted_sums(ws, x, loss)
     assert loss[None] == pytest.approx(5.0 * (0 + 1 + 2 + 3))
+
+
+@ti.kernel
+def scaled(cfg: ti.template(), out: ti.template()):
+    for i in range(4):
+        out[i] = cfg["w"][i] * ti.static(cfg["s"])
+
+
+def test_a_dict_changed_between_calls_is_another_specialisation(fresh):
+    # a dict passed as a template was keyed by its id: changing a value in it between calls
+    # reused the kernel compiled for the old value (silently: 6 where 10 is right)
+    w, out = ti.field(ti.f32, shape=4), ti.field(ti.f32, shape=4)
+    w.fill(2.0)
+    cfg = {"w": w, "s": 3.0}
+    scaled(cfg, out)
+    np.testing.assert_array_equal(out.to_numpy(), 6.0)
+    cfg["s"] = 5.0
+    scaled(cfg, out)
+    np.testing.assert_array_equal(out.to_numpy(), 10.0)
+    assert not scaled._pinned

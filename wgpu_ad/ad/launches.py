@@ -255,6 +255,8 @@ def _versions_key(reads: list, args: tuple) -> tuple:
             return tuple(a.ravel().tolist())
         if isinstance(a, (list, tuple)):  # a vector argument, or a tuple of fields as a template
             return tuple(map(value, a))
+        if type(a) is dict:
+            return tuple((value(k), value(v)) for k, v in a.items())
         return id(a)  # a field, ndarray or template object (by id: the key must not keep it)
     return ids, tuple(value(a) for a in args)
 
@@ -274,7 +276,13 @@ def _hold(a):
         return weakref.ref(a)
     if type(a) in (tuple, list):
         return _Items((type(a), *map(_hold, a)))
+    if type(a) is dict:
+        return _Items((_pairs, *(_Items((tuple, _hold(k), _hold(v))) for k, v in a.items())))
     return a
+
+
+def _pairs(items: list) -> dict:
+    return dict(items)
 
 
 def _alive(h):

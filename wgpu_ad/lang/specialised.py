@@ -26,7 +26,7 @@ def can_hold(obj) -> bool:
 
 def template_key(v, objects: list):
     """The part of a kernel's cache key for v, passed as a ti.template() argument: a plain value by
-    its value, a tuple or list by the keys of its items (so `k((a, b))` with a fresh tuple each call
+    its value, a tuple, list or dict by the keys of its items (so `k((a, b))` with a fresh tuple each call
     is one specialisation, and a list changed between calls is another), any other object by its
     id; such objects are appended to `objects` (the caller keeps them alive, or lets one hold the
     specialisation: can_hold)."""
@@ -34,6 +34,8 @@ def template_key(v, objects: list):
         return (type(v), v)
     if type(v) in (tuple, list):
         return (type(v), tuple(template_key(x, objects) for x in v))
+    if type(v) is dict:
+        return (dict, tuple((template_key(k, objects), template_key(x, objects)) for k, x in v.items()))
     objects.append(v)
     return id(v)
 
