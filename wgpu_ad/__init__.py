@@ -10,7 +10,7 @@ from .compiler import CompileOptions
 from .export import ExportError, export
 from .errors import (AutodiffUsageError, CompileError, DataAccessRuleError, GpuError, GradientDTypeError,
                      KernelArgError, KernelAssertionError, KernelRuntimeError, KernelZeroDivisionError,
-                     NotDifferentiableError, TorchGradWarning, Float64Error, Float64Warning, UnsupportedError, WgpuAdError)
+                     NotDifferentiableError, TorchGradWarning, ConstantChangedWarning, Float64Error, Float64Warning, UnsupportedError, WgpuAdError)
 
 # Taichi's exception names, for programs and tests written for Taichi (`pytest.raises(ti.TaichiX)`)
 TaichiCompilationError = CompileError

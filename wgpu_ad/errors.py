@@ -145,6 +145,11 @@ class Float64Warning(UserWarning):
     """ti.init(f64="f32"): the program's ti.f64 computes in float32 (types.py F64_AS_F32)."""
 
 
+class ConstantChangedWarning(UserWarning):
+    """A Python number a kernel read when it compiled (a global, closure variable or attribute:
+    a compile-time constant, as in Taichi) has changed since; the kernel still uses the old one."""
+
+
 class TorchGradWarning(UserWarning):
     """kernel.grad() accumulated into the .grad of a leaf torch tensor while torch's own backward
     pass runs and will accumulate into it too: a torch.autograd.Function whose backward returns

@@ -38,8 +38,9 @@ class Compiled:
     fields that plan.Field(k) names. `ir` is the optimised IR, made on first use."""
 
     def __init__(self, ck: CompiledKernel, storages: list, make_ir: Callable[[], Kernel],
-                 slot: cache.Slot | None, analyse: Callable[[], tuple] | None = None):
+                 slot: cache.Slot | None, analyse: Callable[[], tuple] | None = None, captured=None):
         self.ck, self.storages, self.slot = ck, storages, slot
+        self.captured = captured  # frontend/captured.py: the Python numbers it compiled in
         self._make_ir, self._ir = make_ir, None
         self._analyse, self._shadowed = analyse, ck.plan.shadowed
 
@@ -148,7 +149,7 @@ def compile_kernel(fn, name: str, specs: list, ret_dtype, opts: CompileOptions) 
         if slot is not None:
             slot.store(dataclasses.replace(stored, plan=dataclasses.replace(stored.plan, shadowed=found)), update=True)
         return found
-    return Compiled(ck, storages, make_ir, slot, analyse)
+    return Compiled(ck, storages, make_ir, slot, analyse, captured=ir0.captured or None)
 
 
 def compile_checked(fwd: Compiled, opts: CompileOptions) -> Compiled:

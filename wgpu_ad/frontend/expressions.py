@@ -10,6 +10,7 @@ import ast
 from ..errors import WgpuAdError
 from ..ir.nodes import Stmt
 from ..ir.ops import Op
+from .captured import is_number
 from .methods import MatMethod, eval_ref_or_value, lower_call, make_ref
 from .printing import fstring_value
 from .refs import Ref, swizzle_indices
@@ -152,6 +153,8 @@ class ExpressionLowering:
             v = getattr(base, node.attr)
             if hasattr(v, "name_after") and hasattr(v, "gpu_buffer") and not getattr(v, "is_grad", False):
                 v.name_after(node.attr)  # a field held by an object (self.x): named after the attribute
+            elif is_number(v):
+                self.k.captured.note_attr(base, node.attr, v, self.pf.loc(node))
             return v
         except WgpuAdError:
             raise

@@ -238,6 +238,7 @@ def lower_kernel(fn, name: str, specs: list[ArgSpec], ret_dtype, *, debug: bool,
         return frozenset(x.buffer.source if getattr(x, "is_array_arg", False) else k.buffers[id(x)].source
                          for x in xs if getattr(x, "is_array_arg", False) or id(x) in k.buffers)
     kern.no_grad = stopped(k.builder.no_grad)
+    kern.captured = k.captured
     for t in tasks:
         t.no_grad = stopped(task_stops.get(id(t), ()))
     return kern, k.storages

@@ -13,6 +13,7 @@ from ..ir.builder import Builder
 from ..ir.nodes import ArgSlot, Buffer, Kernel
 from ..ir.ops import Op
 from ..types import DType
+from .captured import Captured
 from .context import ParsedFunc
 from .lower import FuncLowerer
 from .values import Mat, Ops
@@ -59,6 +60,7 @@ class KernelContext:
         self.in_parallel = False
         self.min_parallel: int | None = None
         self.scratch: list[Scratch] = []
+        self.captured = Captured()  # the Python numbers it read (compile-time constants)
 
     def buffer_for(self, obj) -> Buffer:
         buf = self.buffers.get(id(obj))

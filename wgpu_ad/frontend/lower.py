@@ -22,6 +22,7 @@ from ..types import DType, i32, u1
 from .context import LoopCtx, ParsedFunc, ReturnCtx, construct_name, static_globals
 from .expressions import ExpressionLowering
 from .refs import LocalRef, Ref
+from .captured import is_number
 from .statements import StatementLowering
 from .values import Mat, Ops, dtype_of_entries, entry_names
 
@@ -78,6 +79,8 @@ class FuncLowerer(StatementLowering, ExpressionLowering, ast.NodeVisitor):
             v = self.globals[name]
             if hasattr(v, "gpu_buffer") and hasattr(v, "name_after"):
                 v.name_after(name)  # name fields after the user's variable, for messages and WGSL
+            elif is_number(v):
+                self.k.captured.note_name(self.pf.fn, name, v, self.pf.loc(node))
             return _constant(v)
         if hasattr(_pybuiltins, name):
             return getattr(_pybuiltins, name)

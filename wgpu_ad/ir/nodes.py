@@ -138,6 +138,9 @@ class Kernel:
     loop_dims: dict = field(default_factory=dict)
     # sources (plan records) of the buffers ti.stop_grad named: the adjoint gives them no gradient
     no_grad: frozenset = frozenset()
+    # the Python numbers the frontend read as compile-time constants (frontend/captured.py), which
+    # the launcher compares at each launch; nothing downstream of the frontend reads it
+    captured: Any = None
 
 
 def walk(block: Block) -> Iterator[Stmt]:

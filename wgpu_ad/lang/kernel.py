@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .. import session as _session
-from ..errors import CompileError, Float64Error, KernelArgError, WgpuAdError
+from ..errors import CompileError, ConstantChangedWarning, Float64Error, KernelArgError, WgpuAdError
+from ..user_code import warn
 from ..types import MatrixType, VectorType, to_dtype
 from .external import EXTERNALS, Externals, describe, is_external
 from .launch import Launcher, binding_limit_error, check_binding_limit, launch
@@ -240,6 +241,8 @@ class Kernel(KernelText):
         if self._scalar_only:  # the hot path: nothing to specialise on
             hit = self._last
             if hit is not None and hit[0] == s.generation and hit[1] is opts and len(args) == len(self.params):
+                if hit[2].compiled.captured:
+                    self._constants_changed(hit[2].compiled.captured)
                 return hit[2], hit[3], rt
         specs, key, home = self._specs(args)
         full = (key, s.generation, opts)
@@ -255,9 +258,20 @@ class Kernel(KernelText):
             lc = Launcher(compile_kernel(self.fn, self.__name__, specs, self.ret_dtype, opts), specs)
             check_binding_limit(lc, self.__name__, "forward", rt)
             cache[full] = lc
+        elif lc.compiled.captured:
+            self._constants_changed(lc.compiled.captured)
         if self._scalar_only:
             self._last = (s.generation, opts, lc, specs)
         return lc, specs, rt
+
+    def _constants_changed(self, captured) -> None:
+        """Warn about Python numbers the kernel compiled in that the program changed since."""
+        for what, then, now, loc in captured.changed():
+            where = f" ({loc.file.rsplit('/', 1)[-1]}, line {loc.line})" if loc is not None else ""
+            warn(f"kernel '{self.__name__}' reads {what}{where}, which was {then!r} when it compiled and is {now!r} now: "
+                 f"the kernel still computes with {then!r}. Python values a kernel reads are compile-time constants "
+                 f"(as in Taichi); to use each launch's value, pass it as an argument ({what.split('.')[-1]}: ti.f32) "
+                 f"or keep it in a field", ConstantChangedWarning)
 
     def __call__(self, *args, **kwargs):
         if kwargs:
