@@ -85,3 +85,25 @@ def test_closure_variables_attributes_and_module_attributes_are_watched_too():
     x.fill(0.0)
     _launch_quietly(Spring(2.0).pull)  # another object: its own kernel, compiled with today's values
     np.testing.assert_array_equal(x.to_numpy(), 2.0 * 4.0 + 9.5)
+
+
+gravity = np.array([0.0, -9.5], dtype=np.float32)
+
+
+def test_a_small_array_changed_in_place_warns_with_the_vector_argument_that_would_pass_it():
+    v = ti.Vector.field(2, ti.f32, shape=3)
+
+    @ti.kernel
+    def fall():
+        for i in v:
+            v[i] += gravity
+
+    _launch_quietly(fall)
+    gravity[1] = -1.0  # in place: the same array object
+    with pytest.warns(ti.ConstantChangedWarning) as w:
+        fall()
+    msg = str(w[0].message)
+    assert "reads gravity" in msg and "which was [ 0. , -9.5] when it compiled and is [ 0., -1.] now" in msg
+    assert "pass it as an argument (gravity: ti.types.vector(2, ti.f32))" in msg
+    np.testing.assert_array_equal(v.to_numpy()[:, 1], -19.0)
+    gravity[1] = -9.5

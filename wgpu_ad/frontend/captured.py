@@ -16,18 +16,55 @@ _MISSING = object()
 
 
 def is_number(v) -> bool:
-    return isinstance(v, (int, float, np.number)) and not isinstance(v, np.ndarray)
+    """Whether v is a value a kernel compiles in: a number, a small NumPy array (a constant vector
+    or matrix: lower._constant), or a tuple / list of numbers."""
+    if isinstance(v, (int, float, np.number)):
+        return True
+    if isinstance(v, np.ndarray):
+        return v.dtype.kind in "fiub" and v.ndim in (1, 2) and 0 < v.size <= 64
+    if type(v) in (tuple, list):
+        return 0 < len(v) <= 64 and all(isinstance(x, (int, float, np.number)) for x in v)
+    return False
+
+
+def _snapshot(v):
+    """A value to compare later: an array's bytes (it may be changed in place), a list's items."""
+    if isinstance(v, np.ndarray):
+        return ("array", v.dtype.str, v.shape, v.tobytes())
+    if type(v) in (tuple, list):
+        return (type(v), tuple(map(_snapshot, v)))
+    return (type(v), v)
 
 
 def _same(a, b) -> bool:
-    return a is b or (type(a) is type(b) and a == b)
+    return a is b or a == b
+
+
+def _show(v) -> str:
+    if isinstance(v, np.ndarray):
+        return np.array2string(v, separator=", ")
+    return repr(v.item() if isinstance(v, np.generic) else v)
+
+
+def _argument_for(name: str, v) -> str:
+    """The kernel argument that would pass v at each launch, as the user would write it."""
+    shape = np.shape(v)
+    kind = "ti.i32" if all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+                          for x in np.ravel(np.asarray(v, dtype=object))) else "ti.f32"
+    if not shape:
+        return f"{name}: {kind}"
+    if len(shape) == 1:
+        return f"{name}: ti.types.vector({shape[0]}, {kind})"
+    return f"{name}: ti.types.matrix({shape[0]}, {shape[1]}, {kind})"
 
 
 class _Entry:
-    __slots__ = ("what", "read", "value", "loc")
+    __slots__ = ("what", "read", "value", "shown", "loc", "hint")
 
     def __init__(self, what: str, read, value, loc):
-        self.what, self.read, self.value, self.loc = what, read, value, loc
+        self.what, self.read, self.loc = what, read, loc
+        self.value, self.shown = _snapshot(value), _show(value)
+        self.hint = _argument_for(what.rsplit(".", 1)[-1], value)
 
 
 def _reader_of_name(fn, name: str):
@@ -85,13 +122,14 @@ class Captured:
         return bool(self.entries)
 
     def changed(self) -> list[tuple[str, Any, Any, Any]]:
-        """(name, value compiled in, value now, source location) of each number that changed since
+        """(name, value compiled in, value now (as text), source location, the argument that would pass
+        it) of each value that changed since
         the kernel compiled; each is reported once (then forgotten)."""
         out, keep = [], []
         for e in self.entries:
             now = e.read()
-            if now is not _MISSING and not _same(now, e.value):
-                out.append((e.what, e.value, now, e.loc))
+            if now is not _MISSING and not _same(_snapshot(now), e.value):
+                out.append((e.what, e.shown, _show(now), e.loc, e.hint))
             else:
                 keep.append(e)
         if out:

@@ -266,11 +266,11 @@ class Kernel(KernelText):
 
     def _constants_changed(self, captured) -> None:
         """Warn about Python numbers the kernel compiled in that the program changed since."""
-        for what, then, now, loc in captured.changed():
+        for what, then, now, loc, argument in captured.changed():
             where = f" ({loc.file.rsplit('/', 1)[-1]}, line {loc.line})" if loc is not None else ""
-            warn(f"kernel '{self.__name__}' reads {what}{where}, which was {then!r} when it compiled and is {now!r} now: "
-                 f"the kernel still computes with {then!r}. Python values a kernel reads are compile-time constants "
-                 f"(as in Taichi); to use each launch's value, pass it as an argument ({what.split('.')[-1]}: ti.f32) "
+            warn(f"kernel '{self.__name__}' reads {what}{where}, which was {then} when it compiled and is {now} now: "
+                 f"the kernel still computes with {then}. Python values a kernel reads are compile-time constants "
+                 f"(as in Taichi); to use each launch's value, pass it as an argument ({argument}) "
                  f"or keep it in a field", ConstantChangedWarning)
 
     def __call__(self, *args, **kwargs):
