@@ -32,13 +32,20 @@ export default async function (device, ctx) {
   const arrays = {}, out = {};
   const argsOf = (a) => Object.fromEntries(Object.entries(a || {}).map(([k, v]) => [k, v && v.nd ? arrays[v.nd] : v]));
   const target = (op) => (op.nd ? (op.grad ? arrays[op.nd].grad : arrays[op.nd]) : null);
-  async function exec(ops) {
+  async function exec(ops, t) {
     for (const op of ops) {
       if (op.op === "ndarray") arrays[op.id] = prog.ndarray(op.dtype, op.shape, { elementShape: op.elementShape || [], grad: op.grad });
       else if (op.op === "write") op.nd ? target(op).write(op.data) : prog.write(op.name, op.data);
-      else if (op.op === "run") { const r = await prog.run(op.kernel, argsOf(op.args)); if (op.as) out[op.as] = r; }
+      else if (op.op === "run") { const r = await (t || prog).run(op.kernel, argsOf(op.args)); if (op.as) out[op.as] = r; }
       else if (op.op === "grad") await prog.grad(op.kernel, argsOf(op.args));
+      else if (op.op === "tape" && op.recorder) await prog.tape(op.loss, (rec) => exec(op.body, rec));
       else if (op.op === "tape") await prog.tape(op.loss, () => exec(op.body));
+      else if (op.op === "intrude") {  // an event handler's launch, while the body awaits
+        setTimeout(async () => {
+          try { if (op.wait) await prog.idle(); await prog.run(op.kernel, argsOf(op.args)); out[op.as] = "ran"; }
+          catch (e) { out[op.as] = String(e.message); }
+        }, 0);
+      } else if (op.op === "sleep") await new Promise((r) => setTimeout(r, op.ms));
       else if (op.op === "read") out[op.as] = op.nd ? await target(op).read() : await prog.read(op.name);
       else if (op.op === "fwd_mode") {  // ti.ad.FwdMode(loss, param, seed): zero the duals, seed, run duals
         for (const [name, b] of Object.entries(prog.fields)) if (b.role === "dual") prog.fill(name, 0);
@@ -584,3 +591,32 @@ def test_an_overflowing_loop_stack_is_reported_at_the_next_read(env, tmp_path, c
         with ti.ad.Tape(loss=L):
             grow()
         a.grad.to_numpy()
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_a_launch_from_an_event_handler_while_a_tape_records_is_refused_or_waits(env, tmp_path, chromium):
+    """A tape whose body takes the recorder (prog.tape(loss, async (t) => ...)) records only the
+    body's launches: a prog.run() from an event handler while the body awaits throws, naming the
+    fix, instead of joining the tape (before: its launch was recorded, and its adjoint ran in the
+    backward pass, silently); after `await prog.idle()` it runs once the tape is done."""
+    B.require(env)
+    c = gravity_case()
+    ti.export(tmp_path / "export", c["exports"])
+    write, read_u, read_grad = c["ops"][0], c["ops"][2], c["ops"][3]
+    body = [{"op": "run", "kernel": "potential"}, {"op": "intrude", "kernel": "potential", "as": "handler"},
+            {"op": "sleep", "ms": 30}]
+    ops = [write, {"op": "tape", "loss": "U", "recorder": True, "body": body}, read_u, read_grad]
+    js = run_js(env, tmp_path, {"ops": ops}, chromium)
+    assert js["handler"] == ("wgpu_ad.js: run('potential') while a tape is recording: inside the tape's body launch "
+                             "through the recorder it is given (t.run); elsewhere (an event handler) wait for the "
+                             "tape: await prog.idle()")
+    close(js["U"], c["ref"]["U"], c["tol"])
+    close(js["grad"], c["ref"]["grad"], c["tol"])
+
+    body[1] = dict(body[1], wait=True)
+    ops = [write, {"op": "tape", "loss": "U", "recorder": True, "body": body}, read_grad,
+           {"op": "sleep", "ms": 30}, read_u]
+    js = run_js(env, tmp_path, {"ops": ops}, chromium)
+    assert js["handler"] == "ran"
+    close(js["grad"], c["ref"]["grad"], c["tol"])          # not recorded
+    close(js["U"], 2 * np.asarray(c["ref"]["U"]), c["tol"])  # it ran after the tape: U added twice

@@ -52,7 +52,7 @@ class Gravity {
   /** One step: the tape leaves dU/dx in x.grad, then advance (symplectic Euler). */
   async substep() {
     const n = this.n;
-    await this.prog.tape("U", async () => { await this.prog.run("compute_U", { n }); });
+    await this.prog.tape("U", async (t) => { await t.run("compute_U", { n }); });
     await this.prog.run("advance", { n, dt: this.dt });
   }
 

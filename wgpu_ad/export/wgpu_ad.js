@@ -30,10 +30,16 @@
  *   await prog.grad("substep", {dt: 1e-3, pos: a})  // kernel.grad(): its adjoint, reading the
  *                                                   // snapshots / sums of this kernel's latest run
  *   await prog.fwd("substep", {...})                // the dual kernel (forward mode), when exported with dual=True
- *   await prog.tape("loss", async () => {          // ti.ad.Tape(loss=...): zeroes every gradient
- *     await prog.run("step", {...});                //   and the loss, records the runs inside,
- *     await prog.run("compute_loss", {});           //   seeds loss.grad = 1, then runs each recorded
- *   });                                             //   launch's gradient sequence in reverse order
+ *   await prog.tape("loss", async (t) => {         // ti.ad.Tape(loss=...): zeroes every gradient
+ *     await t.run("step", {...});                   //   and the loss, records the runs made through t,
+ *     await t.run("compute_loss", {});              //   seeds loss.grad = 1, then runs each recorded
+ *   });                                             //   launch's gradient sequence in reverse order.
+ *                                                   // While it records, prog.run / grad / fwd / tape /
+ *                                                   // clearGradients throw (an event handler's launch
+ *                                                   // would join the tape): `await prog.idle()` first.
+ *                                                   // A body without a parameter records every
+ *                                                   // prog.run() made until it ends, from anywhere.
+ *   await prog.idle()                               // resolves when no tape is recording
  *   prog.clearGradients()                           // every gradient (fields' and ndarrays') to zero
  *   await prog.sync()                               // wait for submitted work
  *
@@ -135,6 +141,8 @@ class Program {
     this._arrays = new Set();   // live ndarray gradients (clearGradients zeroes them)
     this._last = {};            // kernel -> its latest forward launch (what .grad() reads)
     this._tape = null;          // the launches a tape records
+    this._recorder = null;      // the recorder a tape's body launches through (tape(loss, async (t) => ...))
+    this._tapeDone = null;      // settles when that tape is done (idle())
     this._asserting = new Map(); // programs with asserts launched since the last check -> what they are
     this._seed = 0;
   }
@@ -213,6 +221,11 @@ class Program {
   }
 
   clearGradients() {
+    this._free("clearGradients()");
+    this._clearGradients();
+  }
+
+  _clearGradients() {
     const enc = this.device.createCommandEncoder();
     for (const [name, b] of Object.entries(this.fields)) if (b.role === "grad") enc.clearBuffer(this.buffers[name]);
     for (const a of this._arrays) enc.clearBuffer(a.buffer);
@@ -223,6 +236,11 @@ class Program {
 
   // ---- launches -------------------------------------------------------------------------------
   async run(kernel, args = {}) {
+    this._free(`run('${kernel}')`);
+    return this._run(kernel, args);
+  }
+
+  async _run(kernel, args) {
     const k = this._kernel(kernel);
     const vals = this._args(kernel, k, args);
     const rec = { kernel, vals, snaps: [], scratch: [] };
@@ -258,6 +276,7 @@ class Program {
   }
 
   async grad(kernel, args = {}) {
+    this._free(`grad('${kernel}')`);
     const k = this._kernel(kernel);
     if (!k.grad) throw new Error(`wgpu_ad.js: kernel '${kernel}' was exported without a gradient (nothing it touches had needs_grad=True, it reads or writes gradients itself, or grad=False)`);
     const vals = this._args(kernel, k, args);
@@ -269,6 +288,7 @@ class Program {
   }
 
   async fwd(kernel, args = {}) {
+    this._free(`fwd('${kernel}')`);
     const k = this._kernel(kernel);
     if (!k.dual) throw new Error(`wgpu_ad.js: kernel '${kernel}' was exported without a dual kernel (export with dual=True, fields with needs_dual=True)`);
     const rec = { kernel, vals: this._args(kernel, k, args), snaps: [], scratch: [] };
@@ -279,18 +299,38 @@ class Program {
   }
 
   async tape(loss, body) {
+    this._free(`tape('${loss}')`);
     if (this._tape) throw new Error("wgpu_ad.js: tape() inside tape()");
     const lossGrad = this.fields[loss] && this.fields[loss].grad;
     if (!lossGrad) throw new Error(`wgpu_ad.js: tape('${loss}'): the loss must be an exported field with a gradient (needs_grad=True)`);
-    this.clearGradients();
+    this._clearGradients();
     this.fill(loss, 0);
     const recs = this._tape = [];
-    try { await body(); } finally { this._tape = null; }
+    // a body that takes the recorder launches through it, and the program refuses other launches
+    // until the tape is done (an event handler's run() while the body awaits would be recorded)
+    let done = () => {};
+    if (body.length >= 1) {
+      this._recorder = { run: (kernel, args = {}) => this._run(kernel, args) };
+      this._tapeDone = new Promise((resolve) => { done = resolve; });
+    }
+    try { await body(this._recorder); } finally {
+      this._tape = null; this._recorder = null; this._tapeDone = null; done();
+    }
     this.fill(lossGrad, 1);
     for (let n = recs.length - 1; n >= 0; n--) {
       if (this.kernels[recs[n].kernel].grad) this._gradLaunch(recs[n]);
       if (this._last[recs[n].kernel] !== recs[n]) release(recs[n]);
       else recs[n].taped = false;
+    }
+  }
+
+  /** Resolves when no tape is recording (see tape()): `await prog.idle()` before launching from an event handler. */
+  idle() { return this._tapeDone ?? Promise.resolve(); }
+
+  _free(what) {
+    if (this._recorder) {
+      throw new Error(`wgpu_ad.js: ${what} while a tape is recording: inside the tape's body launch through the ` +
+                      "recorder it is given (t.run); elsewhere (an event handler) wait for the tape: await prog.idle()");
     }
   }
 
