@@ -227,6 +227,138 @@ def test_a_browser_limit_of_10_storage_buffers_forced_through_init():
                             "(a browser's WebGPU allows 8 to 10)")
 
 
+@pytest.mark.parametrize("emulated", [False, True], ids=["atomics", "emulated_atomics"])
+def test_packed_atomics_vectors_and_ndarrays_at_a_limit_of_10(emulated):
+    """What else a pack holds: the gradients of 0-d parameters, which the adjoint adds to with
+    atomics (WGSL's, or compare-exchange loops on the f32 bits, through the subgroup helper where
+    the device has one); vector fields; ndarrays from NumPy (the written ones copied back to the
+    host) and on the device, one of them passed as two written arguments."""
+    ti.init(max_storage_buffers_per_shader_stage=10, offline_cache=False, force_emulated_atomics=emulated)
+    n = 12
+    a = [ti.field(ti.f32, shape=(), needs_grad=True) for _ in range(n)]
+    x = ti.field(ti.f32, shape=N)
+    y = ti.field(ti.f32, shape=N, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    xv = np.linspace(-1.0, 1.0, N).astype(np.float32)
+    x.from_numpy(xv)
+    for k, f in enumerate(a):
+        f[None] = 0.1 * k + 0.3
+
+    @ti.kernel
+    def poly():
+        for i in range(N):
+            s = 0.0
+            for k in ti.static(range(n)):
+                s += a[k][None] * x[i] ** k
+            y[i] = s
+
+    @ti.kernel
+    def total():
+        for i in range(N):
+            loss[None] += y[i]
+
+    with ti.ad.Tape(loss=loss):
+        poly()
+        total()
+    assert "packed_written" in poly.get_wgsl(grad=True)
+    x64 = xv.astype(np.float64)
+    for k, f in enumerate(a):
+        assert f.grad[None] == pytest.approx((x64 ** k).sum(), rel=1e-5, abs=1e-5)
+
+    vs = [ti.Vector.field(3, ti.f32, shape=N, needs_grad=True) for _ in range(n)]
+    out = ti.field(ti.f32, shape=N, needs_grad=True)
+    vals = [np.random.default_rng(k).uniform(-1, 1, (N, 3)).astype(np.float32) for k in range(n)]
+    for f, v in zip(vs, vals):
+        f.from_numpy(v)
+
+    @ti.kernel
+    def norms():
+        for i in range(N):
+            s = 0.0
+            for k in ti.static(range(n)):
+                s += vs[k][i].dot(vs[k][i]) * (k + 1.0)
+            out[i] = s
+
+    norms()
+    assert "packed_read" in norms.get_wgsl()
+    np.testing.assert_allclose(out.to_numpy(), sum((k + 1) * (v.astype(np.float64) ** 2).sum(1)
+                                                   for k, v in enumerate(vals)), rtol=1e-5)
+    out.grad.fill(1.0)
+    norms.grad()
+    for k, f in enumerate(vs):
+        np.testing.assert_allclose(f.grad.to_numpy(), 2 * (k + 1) * vals[k].astype(np.float64), rtol=1e-5, atol=1e-6)
+
+    nd = ti.types.ndarray()
+
+    @ti.kernel
+    def spread(a0: nd, a1: nd, a2: nd, a3: nd, a4: nd, a5: nd, a6: nd, a7: nd, o0: nd, o1: nd, o2: nd, o3: nd):
+        for i in range(a0.shape[0]):
+            s = a0[i] + 2 * a1[i] + 3 * a2[i] + 4 * a3[i] + 5 * a4[i] + 6 * a5[i] + 7 * a6[i] + 8 * a7[i]
+            o0[i] = s
+            o1[i] = s * 2
+            o2[i] = s * 3
+            o3[i] = s * 4
+
+    ins = [np.arange(5, dtype=np.float32) + k for k in range(8)]
+    outs = [np.zeros(5, np.float32) for _ in range(4)]
+    spread(*ins, *outs)
+    want = sum((k + 1) * v.astype(np.float64) for k, v in enumerate(ins))
+    for j, o in enumerate(outs):
+        np.testing.assert_allclose(o, want * (j + 1), rtol=1e-6)
+    dins = [ti.ndarray(ti.f32, 7) for _ in range(8)]
+    for k, d in enumerate(dins):
+        d.from_numpy(np.arange(7, dtype=np.float32) * k)
+    douts = [ti.ndarray(ti.f32, 7) for _ in range(4)]
+    spread(*dins, *douts)
+    assert "packed_read" in spread.get_wgsl(*dins, *douts)
+    want = sum((k + 1) * np.arange(7.0) * k for k in range(8))
+    for j, o in enumerate(douts):
+        np.testing.assert_allclose(o.to_numpy(), want * (j + 1), rtol=1e-6)
+
+
+def test_an_ndarray_passed_as_two_packed_outputs():
+    """An ndarray passed as two outputs that are both packed has one place in the pack (the later
+    store in each thread stays, as without packing); one packed and one bound on its own cannot
+    be copied back right: a clear error with the fix."""
+    ti.init(max_storage_buffers_per_shader_stage=10, offline_cache=False)
+    nd = ti.types.ndarray()
+
+    @ti.kernel
+    def fan(a: nd, o0: nd, o1: nd, o2: nd, o3: nd, o4: nd, o5: nd, o6: nd, o7: nd, o8: nd, o9: nd, o10: nd):
+        for i in range(a.shape[0]):
+            o0[i] = a[i]
+            o1[i] = a[i] * 2
+            o2[i] = a[i] * 3
+            o3[i] = a[i] * 4
+            o4[i] = a[i] * 5
+            o5[i] = a[i] * 6
+            o6[i] = a[i] * 7
+            o7[i] = a[i] * 8
+            o8[i] = a[i] * 9
+            o9[i] = a[i] * 10
+            o10[i] = a[i] * 11
+
+    a = ti.ndarray(ti.f32, 6)
+    av = np.linspace(-1.0, 1.0, 6).astype(np.float32)
+    a.from_numpy(av)
+    outs = [ti.ndarray(ti.f32, 6) for _ in range(11)]
+    fan(a, *outs)
+    wgsl = fan.get_wgsl(a, *outs)
+    assert "packed_written: array<f32>;  // o0, o1, o2," in wgsl and "o10: array<f32>" in wgsl
+    for j, o in enumerate(outs):
+        np.testing.assert_allclose(o.to_numpy(), av * (j + 1.0), rtol=1e-6)
+    both = ti.ndarray(ti.f32, 6)
+    fan(a, both, both, *outs[2:])
+    np.testing.assert_allclose(both.to_numpy(), av * 2.0, rtol=1e-6)
+    with pytest.raises(ti.GpuError) as e:
+        fan(a, both, *outs[1:10], both)
+    assert str(e.value) == (
+        "kernel 'fan' binds more storage buffers than this adapter allows, so some of them are packed into one "
+        "binding, but one storage it writes is passed to it twice (an ndarray as two arguments, or a gradient as "
+        "a field): pass a copy as one of them, or split the kernel into kernels that each read and write fewer "
+        "fields")
+
+
 def test_where_packing_cannot_fit_the_error_names_the_kernel_the_count_and_the_limit():
     """With a limit of 4, a kernel reading an f32, an i32 and a u32 field and writing an f32 and
     an i32 one binds 5 buffers of 5 kinds: no two share a pack, so it gets the clear error, never

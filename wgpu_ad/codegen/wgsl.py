@@ -91,12 +91,13 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
         self.quads: dict[int, str] = {}   # id(buffer) read as vec4 four iterations at a time -> the vec4's name
         self.quad_lane: int | None = None  # which of the four iterations is being written, in a quad step
         self.arg_member = self._arg_members()
+        self.helper_names: dict[str, str] = {}
         # one compare-exchange helper per (buffer, kind) of emulated float atomics
         self.cas_helpers: dict[tuple[int, AtomicKind], str] = {}
         for b in kernel.buffers:
             if self.buf_mode.get(id(b)) == "cas":
                 for kind in sorted(self.uses[id(b)].atomics, key=lambda k: k.value):
-                    self.cas_helpers[(id(b), kind)] = self.mod_names.fresh(f"atomic_{kind.value}_{self.buf_name[id(b)]}")
+                    self.cas_helpers[(id(b), kind)] = self._helper_name(f"atomic_{kind.value}_{self.buf_name[id(b)]}")
         # one subgroup-aggregating helper per (buffer, kind) of the atomic adds that aggregate.py
         # picks; sg_atomics: the ids of those statements
         self.sg_helpers: dict[tuple[int, AtomicKind], str] = {}
@@ -106,7 +107,7 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
                 self.sg_atomics.add(id(s))
                 key = (id(s.attr[1]), s.attr[0])
                 if key not in self.sg_helpers:
-                    self.sg_helpers[key] = self.mod_names.fresh(f"subgroup_{s.attr[0].value}_{self.buf_name[key[0]]}")
+                    self.sg_helpers[key] = self._helper_name(f"subgroup_{s.attr[0].value}_{self.buf_name[key[0]]}")
         self.wg_arrays = {id(x): self.mod_names.fresh(f"partial_sums{k}") for k, x in enumerate(self.wg_sums)}
         self.names = Namer(self.mod_names.taken)   # main's locals; module names stay visible
         self.value: dict[int, str] = {}            # stmt id -> WGSL name of its value
@@ -142,6 +143,13 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
                 self.used_ids.add(id(s))
         if self.has_return and self.kernel.ret is None:
             raise CompileError(f"kernel {self.kernel.name!r} returns a value but declares no return type")
+
+    def _helper_name(self, hint: str) -> str:
+        """The name of the helper for one (array, operation), made once: the members of a pack
+        share one array, so they share its helpers."""
+        if hint not in self.helper_names:
+            self.helper_names[hint] = self.mod_names.fresh(hint)
+        return self.helper_names[hint]
 
     def _arg_members(self) -> dict[int, str]:
         names = Namer()
@@ -215,10 +223,17 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
             if name in called:
                 out.append(shaders.load("math", name))
                 called |= identifiers(out[-1])  # the helpers it calls (later in MATH_HELPERS)
+        made = set()  # (pack members share their helpers)
         for (buf_id, kind), fn_name in self.cas_helpers.items():
+            if fn_name in made:
+                continue
+            made.add(fn_name)
             out.append(shaders.load("atomics", "cas_f32", fn_name=fn_name, buf=self.buf_name[buf_id],
                                     combine=CAS_COMBINE[kind]))
         for (buf_id, kind), fn_name in self.sg_helpers.items():
+            if fn_name in made:
+                continue
+            made.add(fn_name)
             b = self.buf_name[buf_id]
             cas = self.cas_helpers.get((buf_id, kind))
             apply = f"{cas}(slot, amount)" if cas else f"{ATOMIC_FN[kind]}(&{b}[slot], amount)"
