@@ -89,8 +89,7 @@ def generate(kernel: Kernel, *, float_atomics: bool, debug: bool, workgroup_size
     emitted = [TaskEmitter(kernel, task, k, opts, codes, print_codes) for k, task in enumerate(kernel.tasks)]
     modules = [em.module() for em in emitted]
     for k, (task, (_, bindings)) in enumerate(zip(kernel.tasks, modules)):
-        own = sum(b.kind not in ("args", "buffer") for b in bindings)  # the runtime's buffers: error, stack ...
-        packs[k] = choose_packs(kernel, task, k, opts, own)  # (their offsets are new uniform words)
+        packs[k] = choose_packs(kernel, task, k, opts, bindings)  # (their offsets are new uniform words)
     if any(packs):  # every task again: one struct of uniform words for all
         emitted = [TaskEmitter(kernel, task, k, opts, codes, print_codes, packs[k])
                    for k, task in enumerate(kernel.tasks)]

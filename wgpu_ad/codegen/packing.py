@@ -44,18 +44,16 @@ def _elem(buf: Buffer, use: BufferUse, opts: Options) -> str | None:
     return {"plain": buf.dtype.wgsl, "atomic": f"atomic<{buf.dtype.wgsl}>", "cas": "atomic<u32>"}[mode]
 
 
-def choose_packs(kernel: Kernel, task: Task, index: int, opts: Options, own: int) -> list[Pack]:
-    """The packs that bring the task's storage bindings (its buffers and `own` of the runtime's:
-    error, stack ...) within opts.max_storage_buffers; none when it fits or when no packing can
-    make it fit. Each member's offset gets a uniform word."""
+def choose_packs(kernel: Kernel, task: Task, index: int, opts: Options, bindings: list) -> list[Pack]:
+    """The packs that bring the task's storage bindings (`bindings`, its BindingSpecs without
+    packs: its buffers and the runtime's, error, stack ...) within opts.max_storage_buffers; none
+    when it fits or when no packing can make it fit. Each member's offset gets a uniform word."""
     limit = opts.max_storage_buffers
-    if limit is None:
+    over = sum(b.kind not in ("args", "pack") for b in bindings) - (limit or 0)
+    if limit is None or over <= 0:
         return []
     uses = buffer_uses(task)
     bound = [b for b in kernel.buffers if id(b) in uses]
-    over = len(bound) + own - limit
-    if over <= 0:
-        return []
     groups: dict[tuple[str, bool], list[Buffer]] = {}
     for b in bound:
         elem = _elem(b, uses[id(b)], opts)

@@ -463,10 +463,12 @@ def launch(lc: Launcher, args, rt):
                                f"does not cover its range (compiler bug)")
         if packing is None or packing[ti] is None:
             rt.launch(ck, ti, buffers, packed, wg, const)
-        else:
-            packs = packing[ti].copy_in(rt, ck.name)
-            rt.launch(ck, ti, buffers, packed, wg, const, packs=packs)
-            packing[ti].copy_out(rt, packs)
+        else:  # (the runtime's pack buffers: no other thread's launch comes between)
+            with rt._lock:
+                rt.run_deferred()  # (a deferred launch may use them too: it runs first)
+                packs = packing[ti].copy_in(rt, ck.name)
+                rt.launch(ck, ti, buffers, packed, wg, const, packs=packs)
+                packing[ti].copy_out(rt, packs)
     if lc.has_asserts:  # debug-mode asserts, autodiff stack overflow checks, gradient checks
         rt.check_errors(ck, lambda src: _geometry(lc, args, src))
     if ck.ret_dtype is not None:
