@@ -359,6 +359,39 @@ def test_an_ndarray_passed_as_two_packed_outputs():
         "fields")
 
 
+def test_two_packed_loops_of_one_kernel_share_the_pack_buffers():
+    """Two parallel loops of one kernel, each over 11 fields at a limit of 10: each task copies
+    into the runtime's pack buffers and out again in turn; the second reads what the first
+    wrote through its pack. Values and gradients against the analytic ones."""
+    ti.init(max_storage_buffers_per_shader_stage=10, offline_cache=False)
+    n = 11
+    xs = [ti.field(ti.f32, shape=N, needs_grad=True) for _ in range(n)]
+    zs = [ti.field(ti.f32, shape=N, needs_grad=True) for _ in range(n)]
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    x0 = [np.linspace(0.0, 1.0, N).astype(np.float32) + np.float32(k) for k in range(n)]
+    for x, v in zip(xs, x0):
+        x.from_numpy(v)
+
+    @ti.kernel
+    def two():
+        for i in range(N):
+            for k in ti.static(range(n)):
+                zs[k][i] = xs[k][i] * xs[k][i]
+        for i in range(N):
+            for k in ti.static(range(n)):
+                loss[None] += zs[k][i] * (k + 1.0) + xs[k][i]
+
+    with ti.ad.Tape(loss=loss):
+        two()
+    wgsl = two.get_wgsl()
+    assert wgsl.count("var<storage, read_write> packed_written") == 1 and wgsl.count("var<storage, read> packed_read") == 2
+    x64 = [v.astype(np.float64) for v in x0]
+    assert loss[None] == pytest.approx(sum(((k + 1) * v * v + v).sum() for k, v in enumerate(x64)), rel=1e-5)
+    for k, v in enumerate(x64):
+        np.testing.assert_allclose(zs[k].to_numpy(), v * v, rtol=1e-6)
+        np.testing.assert_allclose(xs[k].grad.to_numpy(), 2 * v * (k + 1) + 1, rtol=1e-5)
+
+
 def test_where_packing_cannot_fit_the_error_names_the_kernel_the_count_and_the_limit():
     """With a limit of 4, a kernel reading an f32, an i32 and a u32 field and writing an f32 and
     an i32 one binds 5 buffers of 5 kinds: no two share a pack, so it gets the clear error, never
