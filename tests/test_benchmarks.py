@@ -230,3 +230,16 @@ def test_naming_a_system_that_is_not_installed_is_a_clear_error(monkeypatch, cap
     with pytest.raises(SystemExit):
         run.parse_args(["--systems", f"wgpu_ad,{system}"])
     assert f"--systems: {system} needs {says}" in capsys.readouterr().err
+
+
+def test_packing_benchmark_checks_both_settings():
+    """benchmarks/packing.py (run alone): the packed and the unpacked program agree with the
+    float64 reference before they are timed."""
+    from benchmarks import packing
+    data = packing.measure(quick=True, reps=1)
+    if "skipped" in data:
+        pytest.skip(data["skipped"])
+    (case,) = data["by_size"].values()
+    for setting in ("packed", "unpacked"):
+        assert max(case["relative_errors"][setting].values()) <= 1e-5, case
+    assert set(case["ms"]) == {"forward packed", "forward unpacked", "tape packed", "tape unpacked"}

@@ -56,7 +56,8 @@ def init(arch=None, debug: bool = False, device=None, **kwargs):
             with atomics, gradients among them, are bitwise the same run to run on one adapter,
             at a cost: docs/performance.md), `f64="f32"` (run `ti.f64` in float32, with one
             `Float64Warning`; without it `ti.f64` is refused), `max_storage_buffers_per_shader_stage=None`
-            (a lower limit than the adapter's, enforced by the device: 10 behaves as a browser).
+            (a lower limit than the adapter's, enforced by the device: 10 behaves as a browser;
+            kernels that bind more read some fields through packed bindings: docs/performance.md).
     """
     from . import session
     compile_opts = {"print_ir": bool(kwargs.pop("print_ir", False)),

@@ -15,7 +15,11 @@ Bindings are all in group 0. The runtime binds, for each BindingSpec:
   kind 'ret'    : the kernel's return-value buffer (one 4-byte word);
   kind 'stack'  : the runtime's scratch buffer for autodiff stacks: the launch says how many
                   u32 words per thread (thread = global invocation index; serial tasks use one);
-  kind 'print'  : the runtime's print buffer (array<atomic<u32>>, runtime/printing.py).
+  kind 'print'  : the runtime's print buffer (array<atomic<u32>>, runtime/printing.py);
+  kind 'pack'   : pack `key` of the task (TaskPlan.packs): a scratch buffer of the runtime into
+                  which the launcher copies several of the launch's buffers before the dispatch
+                  (and from which it copies the written ones back after it), for a task that
+                  would otherwise bind more storage buffers than the device allows.
 
 The launch plan: the compiler (codegen/plan.py) writes one LaunchPlan per compiled kernel; the
 launcher (lang/launch.py) reads it and nothing else: per word of the uniform block what value it
@@ -52,8 +56,8 @@ LOOP_LIMIT_WORD = ERROR_WORDS
 @dataclass(frozen=True)
 class BindingSpec:
     binding: int
-    kind: str            # 'args' | 'args_storage' | 'buffer' | 'error' | 'ret' | 'stack' | 'print'
-    key: int = -1        # for 'buffer': index into the launch's buffers (plan.buffers)
+    kind: str            # 'args' | 'args_storage' | 'buffer' | 'error' | 'ret' | 'stack' | 'print' | 'pack'
+    key: int = -1        # for 'buffer': index into the launch's buffers (plan.buffers); 'pack': into TaskPlan.packs
     read_only: bool = False
 
 
@@ -69,7 +73,7 @@ class CompiledTask:
 
     def storage_buffers(self) -> tuple[int, int]:
         """(storage buffers it binds, how many of them are the runtime's own: error, stack ...)"""
-        own = sum(b.kind not in ("args", "buffer") for b in self.bindings)
+        own = sum(b.kind not in ("args", "buffer", "pack") for b in self.bindings)
         return sum(b.kind != "args" for b in self.bindings), own
 
 
@@ -85,6 +89,20 @@ class CompiledKernel:
     loop_check: bool = False  # its loops report an early stop (by the driver) in LOOP_LIMIT_WORD
     # per entry of asserts: 'assert' (the user's assert statement) or 'stack' (autodiff stack overflow)
     assert_kinds: list[str] = field(default_factory=list)
+
+
+def bound_buffers(ck: CompiledKernel) -> list[tuple[int, int, bool]]:
+    """(task, position in plan.buffers, read_only) for every buffer a task binds, on its own or
+    as a member of a pack (TaskPlan.packs)."""
+    out = []
+    for n, t in enumerate(ck.tasks):
+        packs = ck.plan.tasks[n].packs
+        for b in t.bindings:
+            if b.kind == "buffer":
+                out.append((n, b.key, b.read_only))
+            elif b.kind == "pack":
+                out += [(n, key, b.read_only) for key in packs[b.key].members]
+    return out
 
 
 # ---- uniform words -----------------------------------------------------------------------------
@@ -132,14 +150,23 @@ class PrintTag:
     launch prints nothing, as when a checkpointed step runs again in the backward pass)."""
 
 
-Word = Union[Scalar, Component, Extent, Seed, StackCapacity, PrintTag]
+@dataclass(frozen=True)
+class PackOffset:
+    """Where member `member` of pack `pack` of task `task` starts in the pack (in elements): the
+    launcher sets it from the sizes of the pack's buffers in this launch (TaskPlan.packs)."""
+    task: int
+    pack: int
+    member: int
+
+
+Word = Union[Scalar, Component, Extent, Seed, StackCapacity, PrintTag, PackOffset]
 
 
 def word_dtype(w: Word) -> str:
     """The WGSL scalar type of a word: 'f32', 'i32' or 'u32'."""
     if isinstance(w, (Scalar, Component)):
         return {"u1": "u32", "f16": "f32"}.get(w.dtype, w.dtype)
-    return "u32" if isinstance(w, (Seed, PrintTag)) else "i32"
+    return "u32" if isinstance(w, (Seed, PrintTag, PackOffset)) else "i32"
 
 
 # ---- buffer sources ----------------------------------------------------------------------------
@@ -281,6 +308,19 @@ class Print:
 # ---- the plan ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class Pack:
+    """Buffers of a task read and written through one binding (a 'pack' BindingSpec), because
+    the task would otherwise bind more storage buffers than the device allows
+    (codegen/packing.py): element k of member m is element offset_m + k of the pack, offset_m
+    being the uniform word words[m] (a PackOffset). members: positions in LaunchPlan.buffers;
+    written: the task writes the pack, so the launcher copies its members back after the
+    dispatch. All members hold 4-byte scalars."""
+    members: tuple
+    words: tuple
+    written: bool
+
+
+@dataclass(frozen=True)
 class TaskPlan:
     """How to dispatch one task. serial: one workgroup. range: (begin, end) Exprs over the words,
     the task's iterations being max(0, end - begin); None when the bounds depend on fields (then
@@ -288,13 +328,15 @@ class TaskPlan:
     thread, as (constant, positions of the words whose values add to it). one_pass: the shader
     runs one iteration per thread, so the launch must cover the range with threads (codegen only
     sets it where grid_cap workgroups always do). grid_cap: the most workgroups of this task when
-    fewer than the plan's (a task that pre-reduces into one address), else None."""
+    fewer than the plan's (a task that pre-reduces into one address), else None. packs: its Packs
+    (usually none), by the key of their bindings."""
     serial: bool
     range: "tuple | None" = None
     workgroup_size: int = 1
     stack: tuple = (0, ())
     one_pass: bool = False
     grid_cap: "int | None" = None
+    packs: tuple = ()
 
 
 @dataclass(frozen=True)

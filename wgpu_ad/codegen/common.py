@@ -63,6 +63,8 @@ class Options:
     # range tasks that add floats with atomics run in one invocation, in iteration order: their
     # sums do not depend on thread timing (ti.init(deterministic=True))
     deterministic: bool = False
+    # the most storage buffers a task may bind: more are packed (packing.py); None: no packing
+    max_storage_buffers: int | None = None
 
 
 @dataclass
@@ -83,6 +85,22 @@ class BufferUse:
             return "atomic" if native else "cas"
         raise CompileError(f"atomic operations on {buf.dtype} buffer {buf.name!r} are not supported "
                            f"(only f32, i32 and u32)")
+
+
+def buffer_uses(task: Task) -> dict[int, BufferUse]:
+    """id(buffer) -> how the task uses it, for each buffer it loads, stores or updates atomically."""
+    uses: dict[int, BufferUse] = {}
+    for s in walk_task(task):
+        if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC):
+            use = uses.setdefault(id(s.attr[1] if s.op is Op.ATOMIC else s.attr), BufferUse())
+            if s.op is Op.GLOBAL_LOAD:
+                use.loads += 1
+                use.addresses.append(s.args[0])
+            elif s.op is Op.GLOBAL_STORE:
+                use.stores += 1
+            else:
+                use.atomics.add(s.attr[0])
+    return uses
 
 
 def kept_assert(s: Stmt, debug: bool) -> bool:

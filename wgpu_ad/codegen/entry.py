@@ -62,7 +62,8 @@ class TaskEntry:
                          and not jumps_to_loop(t.body, Op.CONTINUE))
         part = "forward" if t.replay is None else "adjoint"
         quads = [] if self.one_pass else [
-            (b, w) for b, w in quad_views(t, self.kernel.buffers, self.buf_mode, wg) if id(b) not in self.buf_view]
+            (b, w) for b, w in quad_views(t, self.kernel.buffers, self.buf_mode, wg)
+            if id(b) not in self.buf_view and id(b) not in self.pack_offset]
         if quads:
             self.quad_loop(quads, part)
         else:

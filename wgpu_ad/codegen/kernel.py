@@ -13,6 +13,7 @@ from ..access_check import AccessCheck
 from ..errors import ZeroDivisionCheck
 from ..nan_check import GradCheck
 from .common import DEFAULT_GRID_CAP, Options, arg_words, kept_assert
+from .packing import choose_packs, plan_packs
 from .wgsl import TaskEmitter
 
 
@@ -59,7 +60,8 @@ def _print_codes(kernel: Kernel) -> tuple[dict[int, int], tuple]:
 
 def generate(kernel: Kernel, *, float_atomics: bool, debug: bool, workgroup_size: int = 128,
              subgroups: bool = False, grid_cap: int | None = None, loop_check: bool = False,
-             reduce_grid_cap: int | None = None, deterministic: bool = False) -> CompiledKernel:
+             reduce_grid_cap: int | None = None, deterministic: bool = False,
+             max_storage_buffers: int | None = None) -> CompiledKernel:
     """Compile every task of an IR kernel to a WGSL module; returns the runtime's plain data.
 
     float_atomics: use WGSL atomic<f32> add/sub (the device must have 'shader-float32-atomic');
@@ -75,21 +77,31 @@ def generate(kernel: Kernel, *, float_atomics: bool, debug: bool, workgroup_size
     (passes/prereduce.py), below grid_cap: each thread then sums many iterations in a register.
     deterministic: a range task with float atomic adds runs in one invocation (results that do
     not depend on thread timing).
+    max_storage_buffers: the most storage buffers a task may bind (the device's limit): a task
+    that would bind more reads and writes some of them through one binding (packing.py).
     """
     opts = Options(float_atomics, debug, workgroup_size, subgroups, grid_cap, loop_check, reduce_grid_cap,
-                   deterministic)
+                   deterministic, max_storage_buffers)
     stack_words(kernel)  # stacks sized at launch read their capacity from the uniform block
     codes, table, kinds = _assert_codes(kernel, debug)
     print_codes, prints = _print_codes(kernel)
+    packs = [[] for _ in kernel.tasks]
+    emitted = [TaskEmitter(kernel, task, k, opts, codes, print_codes) for k, task in enumerate(kernel.tasks)]
+    modules = [em.module() for em in emitted]
+    for k, (task, (_, bindings)) in enumerate(zip(kernel.tasks, modules)):
+        packs[k] = choose_packs(kernel, task, k, opts, bindings)  # (their offsets are new uniform words)
+    if any(packs):  # every task again: one struct of uniform words for all
+        emitted = [TaskEmitter(kernel, task, k, opts, codes, print_codes, packs[k])
+                   for k, task in enumerate(kernel.tasks)]
+        modules = [em.module() for em in emitted]
     tasks, plans, checked = [], [], False
-    for k, task in enumerate(kernel.tasks):
-        em = TaskEmitter(kernel, task, k, opts, codes, print_codes)
-        wgsl, bindings = em.module()
+    for k, (task, em, (wgsl, bindings)) in enumerate(zip(kernel.tasks, emitted, modules)):
         checked |= em.checks_loops
         tasks.append(CompiledTask(name=task.name or f"{kernel.name}_t{k}", wgsl=wgsl, entry_point="main",
                                   workgroup_size=em.wg, bindings=bindings, serial=em.serial,
                                   loc=next((s.loc for s in walk_task(task) if s.loc is not None), None)))
-        plans.append(task_plan(task, em.serial, em.wg, em.stack_caps, em.one_pass, em.task_cap))
+        plans.append(task_plan(task, em.serial, em.wg, em.stack_caps, em.one_pass, em.task_cap,
+                               plan_packs(kernel, packs[k])))
     launch_plan = plan.LaunchPlan(words=words_of(kernel), buffers=tuple(b.source for b in kernel.buffers),
                                   tasks=tuple(plans), grid_cap=grid_cap or DEFAULT_GRID_CAP, prints=prints)
     return CompiledKernel(name=kernel.name, tasks=tasks, arg_words=arg_words(kernel), plan=launch_plan,

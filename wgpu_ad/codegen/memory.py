@@ -1,12 +1,12 @@
 """Where a task's values live outside registers, for wgsl.TaskEmitter: buffer elements (read and
 written plainly, with WGSL atomics, or as f32 bits with compare-exchange atomics; read through a
-vec2 / vec4 view or a quad step's vec4, vectors.py) and the autodiff stacks, one slice per thread
-of the runtime's scratch buffer.
+vec2 / vec4 view or a quad step's vec4, vectors.py; at an offset in a pack, packing.py) and the
+autodiff stacks, one slice per thread of the runtime's scratch buffer.
 """
 from __future__ import annotations
 
 from ..ir.nodes import ArgSlot, Buffer, Stmt
-from ..types import i32
+from ..types import DType, i32, u32
 from .common import ATOMIC_FN, CAS_COMBINE, STACK_VAR, _fail
 from .ops_table import convert
 from .vectors import element_component, vector_hint
@@ -49,6 +49,15 @@ class MemoryAccess:
         off = self.stack_offset[id(stk)]
         return f"{STACK_VAR}[stack_base + {'' if off == '0u' else off + ' + '}u32({name}_top)]"
 
+    def element(self, buf: Buffer, s: Stmt, d: int) -> tuple[str, DType]:
+        """The index of element s of buf in its binding, and its dtype: in a pack (packing.py),
+        the member's offset (a uniform word) plus s."""
+        idx = self.index(s, d)
+        slot = self.pack_offset.get(id(buf))
+        if slot is None:
+            return idx, s.dtype
+        return f"{self.arg_expr(slot)} + {convert(idx, s.dtype, u32)}", u32
+
     def load_at(self, s: Stmt, d: int) -> str:
         """The expression of global load s."""
         buf = s.attr
@@ -56,7 +65,7 @@ class MemoryAccess:
             return self.quad_element(s)
         c = self.buf_view.get(id(buf))
         if c is None:
-            return self.load_expr(buf, self.index(s.args[0], d))
+            return self.load_expr(buf, self.element(buf, s.args[0], d)[0])
         e, k = element_component(s.args[0], c)
         key = (id(buf), e if isinstance(e, int) else id(e))
         name = next((scope[key] for scope in reversed(self.vector_lets) if key in scope), None)
@@ -93,10 +102,10 @@ class MemoryAccess:
     def atomic_expr(self, s: Stmt, d: int) -> str:
         kind, buf = s.attr
         b, mode = self.buf_name[id(buf)], self.buf_mode[id(buf)]
-        idx, value = self.index(s.args[0], d), self.ref(s.args[1])
+        (idx, dtype), value = self.element(buf, s.args[0], d), self.ref(s.args[1])
         if mode == "atomic":
             return f"{ATOMIC_FN[kind]}(&{b}[{idx}], {value})"
         if kind not in CAS_COMBINE:
             _fail(s, f"atomic {kind.value} needs an integer buffer, {buf.name!r} holds {buf.dtype}")
-        idx = convert(idx, s.args[0].dtype, i32)
+        idx = convert(idx, dtype, i32)
         return f"{self.cas_helpers[(id(buf), kind)]}({idx}, {value})"

@@ -63,7 +63,7 @@ def stack_words(kernel: Kernel) -> None:
 
 
 def task_plan(task, serial: bool, workgroup_size: int, stack: list, one_pass: bool,
-              grid_cap: int | None = None) -> plan.TaskPlan:
+              grid_cap: int | None = None, packs: tuple = ()) -> plan.TaskPlan:
     """One task's plan; stack: the capacities of its stacks (ints, or ArgSlots read at launch);
     grid_cap: the task's own cap on workgroups, if below the kernel's."""
     const = sum(c for c in stack if isinstance(c, int))
@@ -73,7 +73,7 @@ def task_plan(task, serial: bool, workgroup_size: int, stack: list, one_pass: bo
         begin, end = _fold(to_expr(task.begin)), _fold(to_expr(task.end))
         rng = None if begin is None or end is None else (begin, end)
     return plan.TaskPlan(serial=serial, range=rng, workgroup_size=workgroup_size, stack=(const, words),
-                         one_pass=one_pass, grid_cap=grid_cap)
+                         one_pass=one_pass, grid_cap=grid_cap, packs=packs)
 
 
 def words_of(kernel: Kernel) -> tuple:

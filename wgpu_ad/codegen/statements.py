@@ -128,11 +128,11 @@ class StatementWriter:
         elif op is Op.GLOBAL_STORE and id(s.attr) in self.quads:  # the loop index's element
             self.line(d, f"{self.quad_element(s)} = {self.ref(s.args[1])};")
         elif op is Op.GLOBAL_STORE:
-            self.line(d, self.store_stmt(s.attr, self.index(s.args[0], d), self.ref(s.args[1])))
+            self.line(d, self.store_stmt(s.attr, self.element(s.attr, s.args[0], d)[0], self.ref(s.args[1])))
         elif op is Op.ATOMIC:
             helper = self.sg_helpers[(id(s.attr[1]), s.attr[0])] if id(s) in self.sg_atomics else None
             if helper is not None:
-                idx = convert(self.index(s.args[0], d), s.args[0].dtype, i32)
+                idx = convert(*self.element(s.attr[1], s.args[0], d), i32)
                 self.line(d, f"{helper}({idx}, {self.ref(s.args[1])}, lid);")
                 return
             expr = self.atomic_expr(s, d)

@@ -22,7 +22,7 @@ from ..types import f16, f32, u1
 from .aggregate import subgroup_atomics
 from .common import (ARGS_STRUCT, ARGS_VAR, ATOMIC_FN, CAS_COMBINE, DEFAULT_GRID_CAP, ERR_VAR, INDENT,
                      NATIVE_F32_ATOMICS, PRINT_VAR, RET_VAR, STACK_VAR, BufferUse, Options, _arg_words, _fixed_names,
-                     arg_words, kept_assert)
+                     arg_words, buffer_uses, kept_assert)
 from .entry import TaskEntry
 from .memory import MemoryAccess
 from .names import Namer, identifiers
@@ -35,8 +35,9 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
     """Writes the WGSL module of one task."""
 
     def __init__(self, kernel: Kernel, task: Task, index: int, opts: Options,
-                 assert_codes: dict[int, int], print_codes: dict[int, int] | None = None):
+                 assert_codes: dict[int, int], print_codes: dict[int, int] | None = None, packs: list = ()):
         self.kernel, self.task, self.task_index, self.opts = kernel, task, index, opts
+        self.packs = list(packs)  # packing.Pack: buffers bound as one array, each at an offset
         self.assert_codes = assert_codes
         self.print_codes = print_codes or {}  # id(PRINT stmt) -> its index in the plan's prints
         self.serial = task.kind == "serial"
@@ -57,6 +58,7 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
         self.checks_loops = False      # some loop here is checked (binds the error buffer)
         self.wg_sums: list[Stmt] = []  # workgroup sums of the epilogue (shared memory arrays)
         self._scan()
+        self.uses_args |= bool(self.packs)  # (the members' offsets are uniform words)
         # the most workgroups the launcher gives this task (None: unknown). A task that pre-reduces
         # gets fewer (task_cap): its threads then sum more iterations each in a register, and every
         # workgroup costs a tree sum, barriers and an atomic
@@ -73,23 +75,29 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
             self.wg = 1
             self.grid_cap = self.task_cap = 1
         self.mod_names = Namer(_fixed_names())
+        self.pack_offset: dict[int, object] = {}  # id(buffer) in a pack -> the ArgSlot of its offset
+        self.pack_name = [self.mod_names.fresh(f"packed_{'written' if p.written else 'read'}") for p in self.packs]
         self.buf_name = {id(b): self.mod_names.fresh(b.name, "buf")
                          for b in kernel.buffers if id(b) in self.uses}
+        for p, name in zip(self.packs, self.pack_name):
+            for b, slot in zip(p.members, p.words):
+                self.buf_name[id(b)], self.pack_offset[id(b)] = name, slot
         self.buf_mode = {id(b): self.uses[id(b)].mode(b, opts)
                          for b in kernel.buffers if id(b) in self.uses}
-        self.buf_view = vector_views(kernel.buffers, {k: u.addresses for k, u in self.uses.items() if not u.stores},
-                                     self.buf_mode)
+        self.buf_view = vector_views(kernel.buffers, {k: u.addresses for k, u in self.uses.items()
+                                                      if not u.stores and k not in self.pack_offset}, self.buf_mode)
         self.unused = unused_addresses(task, self.buf_view)  # ids of ALU stmts written as no `let`
         self.vector_lets: list[dict] = []
         self.quads: dict[int, str] = {}   # id(buffer) read as vec4 four iterations at a time -> the vec4's name
         self.quad_lane: int | None = None  # which of the four iterations is being written, in a quad step
         self.arg_member = self._arg_members()
+        self.helper_names: dict[str, str] = {}
         # one compare-exchange helper per (buffer, kind) of emulated float atomics
         self.cas_helpers: dict[tuple[int, AtomicKind], str] = {}
         for b in kernel.buffers:
             if self.buf_mode.get(id(b)) == "cas":
                 for kind in sorted(self.uses[id(b)].atomics, key=lambda k: k.value):
-                    self.cas_helpers[(id(b), kind)] = self.mod_names.fresh(f"atomic_{kind.value}_{self.buf_name[id(b)]}")
+                    self.cas_helpers[(id(b), kind)] = self._helper_name(f"atomic_{kind.value}_{self.buf_name[id(b)]}")
         # one subgroup-aggregating helper per (buffer, kind) of the atomic adds that aggregate.py
         # picks; sg_atomics: the ids of those statements
         self.sg_helpers: dict[tuple[int, AtomicKind], str] = {}
@@ -99,7 +107,7 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
                 self.sg_atomics.add(id(s))
                 key = (id(s.attr[1]), s.attr[0])
                 if key not in self.sg_helpers:
-                    self.sg_helpers[key] = self.mod_names.fresh(f"subgroup_{s.attr[0].value}_{self.buf_name[key[0]]}")
+                    self.sg_helpers[key] = self._helper_name(f"subgroup_{s.attr[0].value}_{self.buf_name[key[0]]}")
         self.wg_arrays = {id(x): self.mod_names.fresh(f"partial_sums{k}") for k, x in enumerate(self.wg_sums)}
         self.names = Namer(self.mod_names.taken)   # main's locals; module names stay visible
         self.value: dict[int, str] = {}            # stmt id -> WGSL name of its value
@@ -127,23 +135,21 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
                 self.has_print = self.uses_args = True  # the launch's print tag is a uniform word
             elif s.op is Op.WG_SUM:
                 self.wg_sums.append(s)
-            elif s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE, Op.ATOMIC):
-                buf = s.attr[1] if s.op is Op.ATOMIC else s.attr
-                use = self.uses.setdefault(id(buf), BufferUse())
-                if s.op is Op.GLOBAL_LOAD:
-                    use.loads += 1
-                    use.addresses.append(s.args[0])
-                elif s.op is Op.GLOBAL_STORE:
-                    use.stores += 1
-                else:
-                    use.atomics.add(s.attr[0])
-                if buf.dtype == f16:
-                    self.uses_f16 = True
+        self.uses = buffer_uses(t)
+        if any(b.dtype == f16 for b in self.kernel.buffers if id(b) in self.uses):
+            self.uses_f16 = True
         for s in (t.begin, t.end):
             if s is not None:
                 self.used_ids.add(id(s))
         if self.has_return and self.kernel.ret is None:
             raise CompileError(f"kernel {self.kernel.name!r} returns a value but declares no return type")
+
+    def _helper_name(self, hint: str) -> str:
+        """The name of the helper for one (array, operation), made once: the members of a pack
+        share one array, so they share its helpers."""
+        if hint not in self.helper_names:
+            self.helper_names[hint] = self.mod_names.fresh(hint)
+        return self.helper_names[hint]
 
     def _arg_members(self) -> dict[int, str]:
         names = Namer()
@@ -177,7 +183,7 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
             else:
                 bind("args", f"var<uniform> {ARGS_VAR}: {ARGS_STRUCT};")
         for k, buf in enumerate(self.kernel.buffers):
-            if id(buf) not in self.uses:
+            if id(buf) not in self.uses or id(buf) in self.pack_offset:
                 continue
             use, mode, name = self.uses[id(buf)], self.buf_mode[id(buf)], self.buf_name[id(buf)]
             if buf.dtype == u1:
@@ -191,6 +197,10 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
             access = "read" if read_only else "read_write"
             note = "  // f32 bits, atomics emulated by compare-exchange" if mode == "cas" else ""
             bind("buffer", f"var<storage, {access}> {name}: array<{elem}>;{note}", k, read_only)
+        for j, (p, name) in enumerate(zip(self.packs, self.pack_name)):
+            bind("pack", f"var<storage, {'read_write' if p.written else 'read'}> {name}: array<{p.elem}>;  // "
+                         f"{', '.join(b.name for b in p.members)}, each at its offset (more buffers than a "
+                         f"shader binds: wgpu_ad copies them in and out)", j, not p.written)
         if self.has_return:
             bind("ret", f"var<storage, read_write> {RET_VAR}: array<{self.ret_store_dtype.wgsl}>;")
         if self.has_assert or self.checks_loops:
@@ -213,10 +223,17 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
             if name in called:
                 out.append(shaders.load("math", name))
                 called |= identifiers(out[-1])  # the helpers it calls (later in MATH_HELPERS)
+        made = set()  # (pack members share their helpers)
         for (buf_id, kind), fn_name in self.cas_helpers.items():
+            if fn_name in made:
+                continue
+            made.add(fn_name)
             out.append(shaders.load("atomics", "cas_f32", fn_name=fn_name, buf=self.buf_name[buf_id],
                                     combine=CAS_COMBINE[kind]))
         for (buf_id, kind), fn_name in self.sg_helpers.items():
+            if fn_name in made:
+                continue
+            made.add(fn_name)
             b = self.buf_name[buf_id]
             cas = self.cas_helpers.get((buf_id, kind))
             apply = f"{cas}(slot, amount)" if cas else f"{ATOMIC_FN[kind]}(&{b}[slot], amount)"

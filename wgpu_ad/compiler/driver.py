@@ -95,7 +95,7 @@ def _codegen(ir: Kernel, opts: CompileOptions, **plan_facts) -> CompiledKernel:
     low = lower_for_codegen(ir, print_ir=opts.print_ir, verify=opts.debug or debug_enabled())
     ck = generate(low, float_atomics=opts.float_atomics, debug=opts.debug, subgroups=opts.subgroups,
                   grid_cap=opts.grid_cap, loop_check=opts.loop_check, reduce_grid_cap=opts.reduce_grid_cap,
-                  deterministic=opts.deterministic)
+                  deterministic=opts.deterministic, max_storage_buffers=opts.max_storage_buffers)
     if plan_facts:
         ck = dataclasses.replace(ck, plan=dataclasses.replace(ck.plan, **plan_facts))
     if opts.show_wgsl:

@@ -58,6 +58,10 @@ class CompileOptions:
     # the adjoints of stencils gather instead of scattering with atomics (passes/autodiff/stencil.py):
     # None = on GPUs only; on lavapipe the replays cost more than the atomics they remove
     stencil_gather: bool | None = None
+    # the most storage buffers a shader may bind (the device's max-storage-buffers-per-shader-stage,
+    # which ti.init(max_storage_buffers_per_shader_stage=...) may lower): a task that would bind
+    # more reads and writes some of its buffers through one packed binding (codegen/packing.py)
+    max_storage_buffers: int | None = None
     print_ir: bool = False              # print the IR after every pass (or WGPU_AD_PRINT_IR=1)
     print_wgsl: bool = False            # print the generated WGSL (or WGPU_AD_PRINT_WGSL=1)
     offline_cache: bool = True          # compiled kernels on disk (compiler/cache.py)
@@ -75,7 +79,7 @@ class CompileOptions:
         """What decides the compiler's output (printing and the cache folder do not)."""
         return (self.debug, self.float_atomics, self.subgroups, self.min_parallel, self.grid_cap,
                 self.reduce_grid_cap, self.ad_stack_size, self.loop_check, self.check_nan, self.stencil_gather,
-                self.deterministic)
+                self.deterministic, self.max_storage_buffers)
 
 
 def _env(name: str) -> bool:
@@ -89,7 +93,8 @@ def for_device(rt, **user) -> CompileOptions:
                           grid_cap=256 if rt.is_cpu else rt.max_workgroups,
                           reduce_grid_cap=(REDUCE_GROUPS_PER_CORE * (os.cpu_count() or 1) if rt.is_cpu
                                            else min(REDUCE_GPU_GROUPS, rt.max_workgroups)),
-                          loop_check=rt.loops_limited)
+                          loop_check=rt.loops_limited,
+                          max_storage_buffers=rt.limits.get("max-storage-buffers-per-shader-stage"))
     return dataclasses.replace(base, **user)
 
 
@@ -107,5 +112,9 @@ def check_changes(changes: dict) -> None:
         cap = changes.get(knob, 1)
         if not (isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1):
             raise WgpuAdError(f"{knob}={cap!r}: expected a positive integer")
+    most = changes.get("max_storage_buffers")
+    if most is not None and not (isinstance(most, int) and not isinstance(most, bool) and most >= 4):
+        raise WgpuAdError(f"max_storage_buffers={most!r}: expected an integer of at least 4 (a browser's WebGPU "
+                          f"allows 8 to 10), or None (no packing)")
     if changes.get("stencil_gather") not in (None, True, False):
         raise WgpuAdError(f"stencil_gather={changes['stencil_gather']!r}: expected True, False or None (automatic)")

@@ -3,7 +3,7 @@ browser runs with wgpu_ad.js (no Python there): one WGSL module per task, manife
 and wgpu_ad.js itself.
 
 The WGSL is the compiler's own output, compiled with the portable options (PORTABLE: no float
-atomics, no subgroups, no loop checks, no debug asserts) through the same path as a launch
+atomics, no subgroups, no loop checks, no debug asserts, no packed bindings) through the same path as a launch
 (Kernel._get, _get_grad, _get_dual); the launch plans are serialised, not re-derived. What the
 browser gets of each kernel: its unchecked forward, its adjoint and (dual=True) its dual kernel;
 the checked variant that verifies the data access rules on a tape in Python is not exported.
@@ -30,7 +30,8 @@ FORMAT_VERSION = 1
 # subgroups;` and a feature a page may lack; the loop check is for older Mesa llvmpipe only
 PORTABLE = dict(float_atomics=False, subgroups=False, loop_check=False, debug=False, check_nan=False,
                 min_parallel=None, grid_cap=BROWSER_LIMITS["maxComputeWorkgroupsPerDimension"],
-                reduce_grid_cap=2048)
+                reduce_grid_cap=2048,
+                max_storage_buffers=None)  # no packed bindings (a launch's copies): the page's limit is checked
 _JS = os.path.join(os.path.dirname(__file__), "wgpu_ad.js")
 _LAYOUT = "row-major over shape, element components innermost (matrices row-major), no gaps"
 

@@ -153,8 +153,8 @@ class Externals:
         kernel reads): an output's gradient is the seed, which the adjoint consumes (zeroes) on the
         device; the caller's tensor (often torch's own grad_output) is left as it was."""
         kind = plan.ArgGrad if grads else plan.Arg
-        written = {ck.plan.buffers[b.key].arg for t in ck.tasks for b in t.bindings
-                   if b.kind == "buffer" and not b.read_only and isinstance(ck.plan.buffers[b.key], kind)}
+        written = {ck.plan.buffers[key].arg for _, key, read_only in plan.bound_buffers(ck)
+                   if not read_only and isinstance(ck.plan.buffers[key], kind)}
         if grads:
             written &= inputs or set()
         for pos, host, dev in bound:

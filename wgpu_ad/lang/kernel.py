@@ -331,8 +331,10 @@ class Kernel(KernelText):
                 o = opts if check == opts.check_nan else dataclasses.replace(opts, check_nan=check)
                 c = compile_adjoint(lc.compiled, grads, o, zero, fused)
                 g = None if c is None else Launcher(c, specs)
-                if g is not None and fused and binding_limit_error(c.ck, self.__name__, "adjoint", rt):
+                if g is not None and fused and (g.packing is not None or
+                                                binding_limit_error(c.ck, self.__name__, "adjoint", rt)):
                     g = None  # too many buffers fused: the forward and the adjoint run apart, each with fewer
+                    # (cheaper than the copies of packed bindings, which each part may still use)
                 elif g is not None:
                     check_binding_limit(g, self.__name__, "adjoint", rt)
                 lc.grads[(*key, zero)] = g

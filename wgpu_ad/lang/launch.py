@@ -18,6 +18,7 @@ from .. import plan
 from ..errors import GpuError, KernelArgError
 from ..runtime.adapter import describe as describe_adapter
 from ..types import to_dtype
+from .packs import Packing
 
 _FMT = {"f32": "f", "i32": "i", "u32": "I"}
 DYNAMIC_WORKGROUPS = 1024  # range bounds read from fields: grid-stride over this many workgroups
@@ -90,11 +91,13 @@ class Launcher:
         self.storage = [storage_getter(src, compiled.storages, len(specs), len(p.scratch), len(p.shadows))
                         for src in p.buffers]
         self.snapshots = [storage_getter(src, compiled.storages) for src in p.snapshots]
-        bound = {b.key for t in ck.tasks for b in t.bindings if b.kind == "buffer"}
+        bound = {key for _, key, _ in plan.bound_buffers(ck)}
         # a buffer no task binds (an ndarray's gradient in a forward kernel) is neither allocated
         # nor marked as written
         self.resolvers = [(lambda args, get=get: get(args).gpu_buffer()) if n in bound else (lambda args: None)
                           for n, get in enumerate(self.storage)]
+        # tasks binding more storage buffers than the device allows read some through packs (packs.py)
+        self.packing = Packing(ck) if any(tp.packs for tp in p.tasks) else None
         self.has_asserts = bool(ck.asserts)
         self.alias_check = _alias_check(ck, specs)
         self.zero_check = _zero_check(p, self.storage) if p.zero_stores else None
@@ -254,7 +257,7 @@ def _packer(kname: str, words: tuple, specs: list, prints: tuple = ()) -> Callab
             return st.pack(*vals)
         except struct.error as e:
             raise KernelArgError(_explain(kname, specs, args, e)) from None
-    pack.unpack = st.unpack
+    pack.unpack, pack.struct = st.unpack, st
     return pack
 
 
@@ -264,8 +267,8 @@ def _word_getter(kname: str, w, specs, prints: tuple = ()) -> Callable:
     if isinstance(w, plan.PrintTag):  # which launch the kernel's print() records belong to
         record_words = 2 + max(len(p.values) for p in prints)
         return lambda args, rt: rt.print_tag(kname, prints, record_words)
-    if isinstance(w, plan.StackCapacity):
-        return lambda args, rt: 0  # derived from the other words (_packer)
+    if isinstance(w, (plan.StackCapacity, plan.PackOffset)):
+        return lambda args, rt: 0  # derived from the other words (_packer), set by the launch (packs.py)
     k = w.arg
     name = specs[k].name
     if isinstance(w, plan.Extent):
@@ -354,9 +357,10 @@ def _alias_check(ck, specs) -> Callable | None:
     a buffer bound both ways in one dispatch. None when no task binds two argument buffers so."""
     srcs = ck.plan.buffers
     pairs = []
-    for t in ck.tasks:
-        binds = [b for b in t.bindings if b.kind == "buffer" and isinstance(srcs[b.key], (plan.Arg, plan.ArgGrad, plan.ArgDual))]
-        pairs += [(a.key, b.key) for n, a in enumerate(binds) for b in binds[n + 1:] if a.read_only != b.read_only]
+    for n in range(len(ck.tasks)):
+        binds = [(key, ro) for t, key, ro in plan.bound_buffers(ck)
+                 if t == n and isinstance(srcs[key], (plan.Arg, plan.ArgGrad, plan.ArgDual))]
+        pairs += [(a, b) for k, (a, ra) in enumerate(binds) for b, rb in binds[k + 1:] if ra != rb]
     if not pairs:
         return None
 
@@ -426,6 +430,11 @@ def launch(lc: Launcher, args, rt):
     packed = lc.pack(args, rt)
     buffers = lc.prepare(args)
     vals = None
+    packing = None
+    if lc.packing is not None:  # the packed buffers' offsets, from their sizes in this launch
+        vals = list(lc.pack.unpack(packed))
+        packing = lc.packing.place(buffers, vals)
+        packed = lc.pack.struct.pack(*vals)
     for ti, (task, tp) in enumerate(zip(ck.tasks, p.tasks)):
         const, words = tp.stack
         if words:
@@ -452,7 +461,14 @@ def launch(lc: Launcher, args, rt):
             if tp.one_pass and (bound is None or wg * tp.workgroup_size < n):
                 raise GpuError(f"kernel '{ck.name}': task {ti} runs one iteration per thread but its launch "
                                f"does not cover its range (compiler bug)")
-        rt.launch(ck, ti, buffers, packed, wg, const)
+        if packing is None or packing[ti] is None:
+            rt.launch(ck, ti, buffers, packed, wg, const)
+        else:  # (the runtime's pack buffers: no other thread's launch comes between)
+            with rt._lock:
+                rt.run_deferred()  # (a deferred launch may use them too: it runs first)
+                packs = packing[ti].copy_in(rt, ck.name)
+                rt.launch(ck, ti, buffers, packed, wg, const, packs=packs)
+                packing[ti].copy_out(rt, packs)
     if lc.has_asserts:  # debug-mode asserts, autodiff stack overflow checks, gradient checks
         rt.check_errors(ck, lambda src: _geometry(lc, args, src))
     if ck.ret_dtype is not None:

@@ -29,9 +29,10 @@ class Batching:
     buffers and the batch's state used here)."""
 
     def launch(self, ck: CompiledKernel, task_index: int, buffers: list, args: bytes, workgroups: int,
-               stack_words: int = 0, ret_buffer: wgpu.GPUBuffer | None = None) -> None:
+               stack_words: int = 0, ret_buffer: wgpu.GPUBuffer | None = None, packs: tuple = ()) -> None:
         """Record one dispatch of ck.tasks[task_index]; buffers: one per position of the task's
-        'buffer' bindings (BindingSpec.key); stack_words: autodiff stack words per thread."""
+        'buffer' bindings (BindingSpec.key); stack_words: autodiff stack words per thread; packs:
+        one buffer per 'pack' binding (pack_buffer)."""
         with self._lock:  # one thread at a time records, submits or reads (issue 25)
             if self._deferred:
                 self.run_deferred()
@@ -46,8 +47,10 @@ class Batching:
                 key = (*key, id(self._scratch(threads * stack_words * 4, ck.name)))
             if tp.prints:
                 key = (*key, id(self.prints.buffer))
+            if packs:
+                key = (*key, *map(id, packs))
             hit = tp.bind_groups.get(key)
-            bg = hit[0] if hit is not None else self._new_bind_group(ck, tp, key, buffers, ret)
+            bg = hit[0] if hit is not None else self._new_bind_group(ck, tp, key, buffers, ret, packs)
 
             size = tp.args_size
             if size:
@@ -84,8 +87,10 @@ class Batching:
             if self._pending >= self.max_pending or self.debug:
                 self.flush()  # in debug mode each launch is submitted alone, so errors name their kernel
 
-    def _new_bind_group(self, ck, tp, key, buffers, ret):
+    def _new_bind_group(self, ck, tp, key, buffers, ret, packs=()):
         def resolve(kind: str, k: int):
+            if kind == "pack":
+                return packs[k]
             if kind == "buffer":
                 try:
                     return buffers[k]
@@ -106,6 +111,23 @@ class Batching:
             size = max(1 << 16, 1 << (nbytes - 1).bit_length())
             self._stack_buf = self.create_storage(min(size, self.max_scratch_bytes), "wgpu_ad.ad_stacks")
         return self._stack_buf
+
+    def pack_buffer(self, k: int, nbytes: int, kernel: str):
+        """Scratch buffer k for a task's packed bindings (codegen/packing.py), grown (to a power of
+        two) to at least nbytes. Launches share them: each copies its buffers in before its
+        dispatch and out after it, in order in the batch."""
+        if nbytes > self.max_scratch_bytes:
+            raise GpuError(f"kernel '{kernel}' binds more storage buffers than this adapter allows and its packed "
+                           f"buffers need {nbytes} bytes, more than this adapter's largest storage binding "
+                           f"({self.max_scratch_bytes} bytes); split the kernel into kernels that each read and "
+                           f"write fewer fields")
+        packs = self._pack_bufs
+        while len(packs) <= k:
+            packs.append(None)
+        if packs[k] is None or packs[k].size < nbytes:
+            size = max(1 << 12, 1 << (nbytes - 1).bit_length())
+            packs[k] = self.create_storage(min(size, self.max_scratch_bytes), f"wgpu_ad.packed_{k}")
+        return packs[k]
 
     # ---- deferred work ----------------------------------------------------------------------------
 

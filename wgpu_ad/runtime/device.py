@@ -58,6 +58,7 @@ class Runtime(Transfers, Batching, ErrorChecks):
         self.readback_count = 0  # buffer read-backs to the CPU (read / read_view)
         self.dispatch_count = 0  # compute dispatches recorded (tests tell a fused tape launch by it)
         self._stack_buf = None    # scratch for autodiff stacks (see _scratch)
+        self._pack_bufs: list = []  # scratch for packed bindings (see pack_buffer)
         # the most bytes of arguments a launch passes: the argument buffer's, less the alignment of
         # its offsets (plan.UNIFORM_ARG_WORDS: more than a uniform binding holds go in a storage one)
         self.max_arg_bytes = min(UNIFORM_CAPACITY, self.limits.get("max-storage-buffer-binding-size", 1 << 27))

@@ -135,9 +135,9 @@ class PipelineCache:
                 buf = {"type": wgpu.BufferBindingType.uniform, "has_dynamic_offset": True}
             elif b.kind == "args_storage":  # (more words than a uniform binding holds)
                 buf = {"type": wgpu.BufferBindingType.read_only_storage, "has_dynamic_offset": True}
-            elif b.kind == "buffer" and b.read_only:
+            elif b.kind in ("buffer", "pack") and b.read_only:
                 buf = {"type": wgpu.BufferBindingType.read_only_storage}
-            elif b.kind in ("buffer", "error", "ret", "stack", "print"):
+            elif b.kind in ("buffer", "pack", "error", "ret", "stack", "print"):
                 buf = {"type": wgpu.BufferBindingType.storage}
             else:
                 raise GpuError(f"kernel '{kernel}': unknown binding kind {b.kind!r} (compiler bug)")
