@@ -84,3 +84,20 @@ def test_device_copies_are_kept_per_array_and_reused():
     double(a, c)
     assert EXTERNALS.live[id(c)][1] is first
     np.testing.assert_array_equal(c, 8 * np.arange(8))
+
+
+def test_get_wgsl_and_get_ir_take_the_host_arrays_a_launch_takes():
+    # they refused them: "must be a ti.ndarray, a NumPy array or a torch tensor, got ndarray"
+    @ti.kernel
+    def scale(x: ti.types.ndarray(), y: ti.types.ndarray(), s: ti.f32):
+        for i in x:
+            y[i] = s * x[i]
+
+    a, b = np.ones(4, np.float32), np.zeros(4, np.float32)
+    assert "fn main" in scale.get_wgsl(a, b, 2.0) and "y" in scale.get_ir(a, b, 2.0)
+    with pytest.raises(ti.KernelArgError) as e:
+        scale(a, 3, 2.0)
+    assert str(e.value) == ("kernel 'scale': argument 'y' must be a ti.ndarray, a NumPy array or a torch tensor, "
+                            "got int")
+    scale(a, b, 2.0)
+    np.testing.assert_array_equal(b, 2.0)

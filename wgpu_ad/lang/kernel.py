@@ -213,7 +213,7 @@ class Kernel(KernelText):
         from ..frontend.kernel import ArgSpec
         if not hasattr(v, "gpu_buffer") or not hasattr(v, "element_shape") or getattr(v, "is_field", False):
             raise KernelArgError(f"kernel '{self.__name__}': argument '{name}' must be a ti.ndarray, a NumPy array or "
-                                 f"a torch tensor, got {type(v).__name__}")
+                                 f"a torch tensor, got {_type_name(v)}")
         ann = ann if isinstance(ann, NdarrayType) else NdarrayType()
         if ann.ndim is not None and ann.ndim != len(v.shape):
             raise KernelArgError(f"kernel '{self.__name__}': argument '{name}' must have ndim={ann.ndim}, got shape {v.shape}")
@@ -477,3 +477,8 @@ def kernel(fn: Callable) -> Kernel:
     result is a `Kernel`, whose `.grad` is the generated adjoint."""
     return Kernel(fn)
 
+
+def _type_name(v) -> str:
+    """numpy.ndarray, not ndarray (which reads as ti.ndarray); int, not builtins.int."""
+    t = type(v)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
