@@ -7,7 +7,11 @@ that break the rules, which must stay refused (or checked at run time).
   7. a read whose value no derivative needs needs no copy of the field (needed.py): a store under
      an `if` in a serial loop no longer makes the field count as updated in place;
   8. a store under `if j == e` runs in at most one iteration of loop j (access.py _pinned_loops);
-  9. `i % n` with 0 <= i < n is i (simplify.py _below, from the loop's range).
+  9. `i % n` with 0 <= i < n is i (simplify.py _below, from the loop's range);
+ 10. under `if i == e` (e uniform) one thread of a parallel loop runs the statement: its read and
+     update of s[None] are one thread's (pinned.py);
+ 11. accesses whose index ranges, bounded by the loops' ranges, are disjoint never meet
+     (ranges.py: a[i + 4] and a[i] with i < 4; x[t + 1, i] and x[0, i]).
 """
 from __future__ import annotations
 
@@ -424,3 +428,258 @@ def test_modulo_folds_only_inside_the_range():
         total()
     np.testing.assert_allclose(y.to_numpy(), np.roll(x0, -1) * x0, rtol=1e-6)
     np.testing.assert_allclose(x.grad.to_numpy(), np.roll(x0, -1) + np.roll(x0, 1), rtol=1e-6)
+
+
+# ---- 10: one thread of a parallel loop ----------------------------------------------------------
+def _one_thread_kernel(form: str, s, x, y):
+    """for i in range(8): under an equality that holds in one thread k, s = s^2 x[k]; y[i] = 2 x[i]."""
+    if form == "i == 0":
+        @ti.kernel
+        def update():
+            for i in range(8):
+                if i == 0:
+                    s[None] = s[None] * s[None] * x[i]
+                y[i] = 2.0 * x[i]
+        return update, (), 0
+    if form == "i == 3":
+        @ti.kernel
+        def update():
+            for i in range(8):
+                y[i] = 2.0 * x[i]
+                if 3 == i:
+                    s[None] = s[None] * s[None] * x[i]
+        return update, (), 3
+    if form == "i == n - 1 (template)":
+        @ti.kernel
+        def update(n: ti.template()):
+            for i in range(n):
+                if i == n - 1:
+                    s[None] = s[None] * s[None] * x[i]
+                y[i] = 2.0 * x[i]
+        return update, (8,), 7
+    if form == "i == m - 1 (argument)":
+        @ti.kernel
+        def update(m: ti.i32):
+            for i in range(8):
+                if i == m - 1 and x[i] > -10.0:
+                    s[None] = s[None] * s[None] * x[i]
+                y[i] = 2.0 * x[i]
+        return update, (6,), 5
+    assert form == "i == 2 and j == 1 (ndrange)"
+
+    @ti.kernel
+    def update():
+        for i, j in ti.ndrange(4, 2):
+            if i == 2 and j == 1:
+                s[None] = s[None] * s[None] * x[2 * i + j]
+        for i in range(8):
+            y[i] = 2.0 * x[i]
+    return update, (), 5
+
+
+@pytest.mark.parametrize("form", ["i == 0", "i == 3", "i == n - 1 (template)", "i == m - 1 (argument)",
+                                  "i == 2 and j == 1 (ndrange)"])
+def test_update_by_one_thread_of_a_parallel_loop(form):
+    """`if i == e: s[None] = s[None]^2 x[i]` with e uniform (a constant, a template, an argument):
+    one thread reads and overwrites s, like top-level code; the read replays a copy from before the
+    launch. loss = 3 s + sum_i (i + 1) y_i: d/ds0 = 6 s0 x_k, d/dx_k = 3 s0^2 + 2 (k + 1)."""
+    s = ti.field(ti.f32, shape=(), needs_grad=True)
+    x = ti.field(ti.f32, shape=8, needs_grad=True)
+    y = ti.field(ti.f32, shape=8, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    update, args, k = _one_thread_kernel(form, s, x, y)
+
+    @ti.kernel
+    def total():
+        for i in range(8):
+            loss[None] += (i + 1.0) * y[i]
+        loss[None] += 3.0 * s[None]
+
+    x0, s0 = np.linspace(-0.9, 1.3, 8), 0.7
+    x.from_numpy(f32(x0))
+    s[None] = s0
+    with ti.ad.Tape(loss=loss):
+        update(*args)
+        total()
+    xr, sr = f32(x0).astype(np.float64), float(np.float32(s0))
+    assert s[None] == pytest.approx(sr * sr * xr[k], rel=1e-6)
+    want_x = 2.0 * np.arange(1.0, 9.0)
+    want_x[k] += 3.0 * sr * sr
+    assert_grad(x.grad.to_numpy(), want_x)
+    assert s.grad[None] == pytest.approx(6.0 * sr * xr[k], rel=1e-5)
+
+
+@pytest.mark.parametrize("form, message", [
+    ("i % 2 == 0", r"kernel 'update': it reads field 's' \(line \d+\) and then overwrites what it read"),
+    ("x[i] > 0", r"kernel 'update': it reads field 's' \(line \d+\) and then overwrites what it read"),
+    ("ndrange, i == 0 only", r"kernel 'update': it reads field 's' \(line \d+\) and then overwrites what it read"),
+    ("two threads", r"kernel 'update': it writes field 's' \(line \d+\) and writes the same elements again"),
+    ("every thread reads", r"kernel 'update': it reads field 's' \(line \d+\) and then overwrites what it read"),
+])
+def test_update_by_several_threads_stays_refused(form, message):
+    """An equality that can hold in several threads (i % 2 == 0, data, one ndrange dimension of
+    two), two threads pinned to different values (i == 0 and i == 1), or a read of s by every
+    thread after thread 0 updated it: races in the forward, refused with the field and lines."""
+    s = ti.field(ti.f32, shape=(), needs_grad=True)
+    x = ti.field(ti.f32, shape=8, needs_grad=True)
+    y = ti.field(ti.f32, shape=8, needs_grad=True)
+    if form == "i % 2 == 0":
+        @ti.kernel
+        def update():
+            for i in range(8):
+                if i % 2 == 0:
+                    s[None] = s[None] * x[i]
+    elif form == "x[i] > 0":
+        @ti.kernel
+        def update():
+            for i in range(8):
+                if x[i] > 0.0:
+                    s[None] = s[None] * x[i]
+    elif form == "ndrange, i == 0 only":
+        @ti.kernel
+        def update():
+            for i, j in ti.ndrange(4, 2):
+                if i == 0:
+                    s[None] = s[None] * x[i + j]
+    elif form == "two threads":
+        @ti.kernel
+        def update():
+            for i in range(8):
+                if i == 0:
+                    s[None] = s[None] * x[i]
+                if i == 1:
+                    s[None] = x[i]
+    else:
+        @ti.kernel
+        def update():
+            for i in range(8):
+                if i == 0:
+                    s[None] = s[None] * x[i]
+                y[i] = s[None]
+
+    with pytest.raises(ti.NotDifferentiableError, match=message):
+        update.grad()
+
+
+# ---- 11: index ranges -------------------------------------------------------------------------------
+def _rollout_ref(x0: np.ndarray, T: int) -> float:
+    """x[t + 1] = sin(x[t]) + 0.5 x[0] for t < T; loss = sum_i (i + 1) x[T, i] (float64)."""
+    rows = [x0[0]]
+    for t in range(T):
+        rows.append(np.sin(rows[t]) + 0.5 * x0[0])
+    return float(np.sum(np.arange(1.0, x0.shape[1] + 1) * rows[T]))
+
+
+@pytest.mark.parametrize("layout", ["serial t in a parallel i", "serialized t, then i"])
+def test_steps_after_the_first_never_store_row_zero(layout):
+    """x[t + 1, i] = sin(x[t, i]) + 0.5 x[0, i] in `for t in range(T)` (T an argument): t + 1 >= 1,
+    so the stores never touch row 0, which every step reads (ranges.py); against float64 central
+    differences through all rows."""
+    T, N = 3, 4
+    x = ti.field(ti.f32, shape=(T + 1, N), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    if layout == "serial t in a parallel i":
+        @ti.kernel
+        def roll(steps: ti.i32):
+            for i in range(N):
+                for t in range(steps):
+                    x[t + 1, i] = ti.sin(x[t, i]) + 0.5 * x[0, i]
+    else:
+        @ti.kernel
+        def roll(steps: ti.i32):
+            ti.loop_config(serialize=True)
+            for t in range(steps):
+                for i in range(N):
+                    x[t + 1, i] = ti.sin(x[t, i]) + 0.5 * x[0, i]
+
+    @ti.kernel
+    def total():
+        for i in range(N):
+            loss[None] += (i + 1.0) * x[T, i]
+
+    x0 = np.random.default_rng(3).uniform(-1.0, 1.0, (T + 1, N))
+    x.from_numpy(f32(x0))
+    with ti.ad.Tape(loss=loss):
+        roll(T)
+        total()
+    xr = f32(x0).astype(np.float64)
+    assert loss[None] == pytest.approx(_rollout_ref(xr, T), rel=1e-5)
+    assert_grad(x.grad.to_numpy(), central_diff(lambda v: _rollout_ref(v, T), xr))
+
+
+def test_shifted_store_past_the_range_it_reads():
+    """a[i + 4] = sin(a[i]) a[i] with i in range(4) (parallel): stores a[4..7], reads a[0..3]; and
+    b[i + 2, j] = b[i, j]^2 over ti.ndrange(2, 3) (rows 2..3 stored, 0..1 read, the ndrange's
+    decoded dimensions bounded by their extents); against float64 central differences."""
+    a = ti.field(ti.f32, shape=8, needs_grad=True)
+    b = ti.field(ti.f32, shape=(4, 3), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def shift():
+        for i in range(4):
+            a[i + 4] = ti.sin(a[i]) * a[i]
+        for i, j in ti.ndrange(2, 3):
+            b[i + 2, j] = b[i, j] * b[i, j]
+
+    @ti.kernel
+    def total():
+        for i in range(8):
+            loss[None] += (i + 1.0) * a[i]
+        for i, j in b:
+            loss[None] += (i + 2.0 * j + 1.0) * b[i, j]
+
+    def ref(av, bv):
+        av, bv = av.copy(), bv.copy()
+        av[4:] = np.sin(av[:4]) * av[:4]
+        bv[2:] = bv[:2] ** 2
+        w = np.arange(4)[:, None] + 2.0 * np.arange(3)[None, :] + 1.0
+        return float(np.sum(np.arange(1.0, 9.0) * av) + np.sum(w * bv))
+
+    a0 = np.linspace(-0.8, 0.9, 8)
+    b0 = np.linspace(-1.2, 1.1, 12).reshape(4, 3)
+    a.from_numpy(f32(a0))
+    b.from_numpy(f32(b0))
+    with ti.ad.Tape(loss=loss):
+        shift()
+        total()
+    ar, br = f32(a0).astype(np.float64), f32(b0).astype(np.float64)
+    assert loss[None] == pytest.approx(ref(ar, br), rel=1e-5)
+    assert_grad(a.grad.to_numpy(), central_diff(lambda v: ref(v, br), ar))
+    assert_grad(b.grad.to_numpy(), central_diff(lambda v: ref(ar, v), br))
+
+
+@pytest.mark.parametrize("form", ["a[i + 3] with i < 4", "x[1, i] read", "ndrange rows overlap"])
+def test_ranges_that_meet_stay_refused(form):
+    """a[i + 3] = f(a[i]) with i in range(4) (a[3] is read by thread 3 and stored by thread 0);
+    a read of x[1, i] that step t = 0 overwrites; b[i + 1, j] = b[i, j]^2 over ndrange(2, 3):
+    the ranges meet, still refused, naming the field and the lines."""
+    a = ti.field(ti.f32, shape=8, needs_grad=True)
+    x = ti.field(ti.f32, shape=(5, 4), needs_grad=True)
+    b = ti.field(ti.f32, shape=(4, 3), needs_grad=True)
+    if form == "a[i + 3] with i < 4":
+        field = "a"
+
+        @ti.kernel
+        def k():
+            for i in range(4):
+                a[i + 3] = ti.sin(a[i])
+    elif form == "x[1, i] read":
+        field = "x"
+
+        @ti.kernel
+        def k():
+            for i in range(4):
+                for t in range(4):
+                    x[t + 1, i] = ti.sin(x[t, i]) + x[1, i]
+    else:
+        field = "b"
+
+        @ti.kernel
+        def k():
+            for i, j in ti.ndrange(2, 3):
+                b[i + 1, j] = b[i, j] * b[i, j]
+
+    with pytest.raises(ti.NotDifferentiableError, match=rf"kernel 'k': it reads field '{field}' \(line \d+\) "
+                                                        r"and then overwrites what it read"):
+        k.grad()

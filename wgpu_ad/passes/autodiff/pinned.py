@@ -1,28 +1,39 @@
-"""Stores that run in at most one iteration of a serial loop, for the access rules (access.py).
+"""Stores that run in at most one iteration of a loop, for the access rules (access.py).
 
-A store inside `for j in range(3)` whose index does not name j is stored again by every iteration
-(only the last value survives), unless it runs in one of them only: `if j == 1:
+A serial loop. A store inside `for j in range(3)` whose index does not name j is stored again by
+every iteration (only the last value survives), unless it runs in one of them only: `if j == 1:
 x[t + 1, i] = 2.0 * x[t, i]` stores once per step t. Proven when the store is under a condition
 `j == e` (or the else of `j != e`, or a conjunct of either) where j's coefficient is +-1 (one
 solution, wrapping arithmetic included) and e does not change while loop j runs. Such a loop is
 left out of the injectivity proof of the store (access.py _injective).
+
+The parallel loop. Under `i == e` with i a parallel index (or an ndrange dimension of one) and e
+uniform (kernel arguments and constants: one value in every thread), a statement runs in one
+thread at most, the one whose index is e: `for i in range(n): if i == 0: s[None] = f(s[None])`
+is one thread's read and update, like the kernel's top-level code. Two accesses pinned to the
+same solution e (the same affine form) run in the same thread, so pairs of them are judged as
+one thread's (access.py _private_dims); pinned to different solutions, or one not pinned, they
+may be two threads' and are judged as such.
 """
 from __future__ import annotations
 
 from ...ir.nodes import Kernel, Stmt
 from ...ir.ops import Op
 from .access import _combine, _enclosing_loops, _invariant, affine
+from .access_pairs import PARALLEL as _PARALLEL, canonical
 
 
-def pinned_loops(kernel: Kernel) -> dict[int, set]:
-    """stmt -> the serial loops in which it runs in at most one iteration: it is under a condition
+def pinned_loops(kernel: Kernel) -> dict[int, dict]:
+    """id(stmt) -> {loop key: the value e its index is pinned to, as a canonical affine form} for
+    the loops in which the statement runs in at most one iteration: it is under a condition
     `j == e` (or the else of `j != e`, or a conjunct of either) where j is the loop's index, with
     coefficient +-1 (one solution, wrapping arithmetic included), and e does not change while the
-    loop runs (arguments, the thread's indices, outer loops' indices, values computed before the
-    loop). `if j == 1: x[t + 1, i] = ...` inside `for j in range(3)` stores once per t."""
+    loop runs (for a serial loop: arguments, the thread's indices, outer loops' indices, values
+    computed before the loop; for the parallel loop: arguments and constants). `if j == 1:
+    x[t + 1, i] = ...` inside `for j in range(3)` stores once per t."""
     loops = _enclosing_loops(kernel)
     ld = kernel.loop_dims
-    out: dict[int, set] = {}
+    out: dict[int, dict] = {}
 
     def conjuncts(c: Stmt, taken: bool) -> list:
         if c.op is Op.NOT:
@@ -31,32 +42,36 @@ def pinned_loops(kernel: Kernel) -> dict[int, set]:
             return conjuncts(c.args[0], taken) + conjuncts(c.args[1], taken)
         return [c] if c.op is (Op.EQ if taken else Op.NE) else []
 
-    def pins(c: Stmt, taken: bool, at: Stmt) -> set:
-        found = set()
+    def pins(c: Stmt, taken: bool, at: Stmt) -> dict:
+        found = {}
         for eq in conjuncts(c, taken):
             a, b = eq.args
             if a.dtype is None or a.dtype.is_float:
                 continue
             diff = _combine(affine(a, ld), affine(b, ld), -1)
+            outer = {k for g in loops[id(at)] for k in g}
             for key, coef in diff.items():
-                if key is None or key[0] != "sloop" or abs(coef) != 1:
+                if key is None or key[0] not in ("sloop",) + _PARALLEL or abs(coef) != 1 or key not in outer:
                     continue
-                outer = {k for g in loops[id(at)] for k in g}
                 inner = _inner_of(key, loops, at)
-                if all(k is None or k == key or k[0] in ("arg", "pdim", "ploop") or (k in outer and k not in inner)
-                       or _invariant(k, key, loops) for k in diff):
-                    found.add(key)
+                if key[0] in _PARALLEL:  # one value in every thread
+                    fixed = all(k is None or k == key or k[0] == "arg" for k in diff)
+                else:
+                    fixed = all(k is None or k == key or k[0] in ("arg",) + _PARALLEL
+                                or (k in outer and k not in inner) or _invariant(k, key, loops) for k in diff)
+                if fixed:  # key = e: coef * key + rest = 0, coef = +-1
+                    found[key] = canonical({k: -c * coef for k, c in diff.items() if k != key})
         return found
 
-    def visit(block, pinned: frozenset):
+    def visit(block, pinned: dict):
         for s in block.stmts:
             if pinned:
                 out[id(s)] = pinned
             for n, b in enumerate(s.blocks):
-                extra = pins(s.args[0], n == 0, s) if s.op is Op.IF else set()
-                visit(b, pinned | extra)
+                extra = pins(s.args[0], n == 0, s) if s.op is Op.IF else {}
+                visit(b, {**pinned, **extra} if extra else pinned)
     for t in kernel.tasks:
-        visit(t.body, frozenset())
+        visit(t.body, {})
     return out
 
 

@@ -29,6 +29,7 @@ from ...ir.nodes import Block, Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
 from ...ir.utils import is_pure, substitute
 from .access import _at_most_once, _combine, _enclosing_loops, _private_dims, _same_element, affine
+from .pinned import pinned_loops
 
 
 def promote_elements(kernel: Kernel) -> Kernel:
@@ -322,10 +323,12 @@ def _forward(block: Block, kernel: Kernel, par: set, mapping: dict) -> None:
 
 def snapshot_loads(kernel: Kernel) -> dict[int, list]:
     """id(buffer) -> the loads of it whose element the same thread overwrites later in the task,
-    in no serial loop with the load, touching only the thread's own elements: they must read the
-    value from before the launch."""
+    in no serial loop with the load, touching only the thread's own elements (or both run in one
+    thread: pinned.py, `if i == 0: s[None] = f(s[None])`): they must read the value from before the
+    launch."""
     loops = _enclosing_loops(kernel)
     ld = kernel.loop_dims
+    pins = pinned_loops(kernel)
     out: dict[int, list] = {}
     for t in kernel.tasks:
         order = [s for s in walk(t.body) if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE)]
@@ -346,7 +349,7 @@ def snapshot_loads(kernel: Kernel) -> dict[int, list]:
             for w in order[n + 1:]:
                 if w.op is not Op.GLOBAL_STORE or w.attr is not load.attr:
                     continue
-                diffs = _private_dims(load, w, loops, ld)
+                diffs = _private_dims(load, w, loops, ld, pins)
                 shared = _serial(loops, load) & _serial(loops, w)
                 if diffs is not None and not shared and all(all(c == 0 for c in d.values()) for d in diffs):
                     out.setdefault(id(load.attr), []).append(load)
