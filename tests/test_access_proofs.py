@@ -683,3 +683,81 @@ def test_ranges_that_meet_stay_refused(form):
     with pytest.raises(ti.NotDifferentiableError, match=rf"kernel 'k': it reads field '{field}' \(line \d+\) "
                                                         r"and then overwrites what it read"):
         k.grad()
+
+
+def test_ranges_decided_by_an_argument_are_checked_at_run_time():
+    """a[i + 4] = sin(a[i]) a[i] in `for i in range(n)`, n an argument: apart for n <= 4 only, so
+    not refused but checked on the GPU. n = 3, 4: exact gradients (float64 central differences);
+    n = 5: thread 0 stores a[4], which thread 4 reads, and the launch says so, naming the cause."""
+    a = ti.field(ti.f32, shape=12, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def shift(n: ti.i32):
+        for i in range(n):
+            a[i + 4] = ti.sin(a[i]) * a[i]
+
+    @ti.kernel
+    def total():
+        for i in range(12):
+            loss[None] += (i + 1.0) * a[i]
+
+    a0 = np.linspace(-0.8, 0.9, 12)
+
+    def ref(v, n):
+        v = v.copy()
+        v[4:4 + n] = np.sin(v[:n]) * v[:n]
+        return float(np.sum(np.arange(1.0, 13.0) * v))
+
+    ar = f32(a0).astype(np.float64)
+    for n in (3, 4):
+        a.from_numpy(f32(a0))
+        loss[None] = 0.0
+        with ti.ad.Tape(loss=loss):
+            shift(n)
+            total()
+        assert loss[None] == pytest.approx(ref(ar, n), rel=1e-5)
+        assert_grad(a.grad.to_numpy(), central_diff(lambda v: ref(v, n), ar))
+    a.from_numpy(f32(a0))
+    with pytest.raises(DataAccessError) as e:
+        with ti.ad.Tape(loss=loss):
+            shift(5)
+            total()
+    text = str(e.value)
+    assert text.startswith((f"kernel 'shift': a[4] was read (line {e.value.line}) and then stored",
+                            f"kernel 'shift': a[4] was stored (line {e.value.line}) by one iteration of the "
+                            f"parallel loop and read")), text
+    assert "Whether the indices meet depends on the kernel's arguments (the loops' ranges), so this is " \
+           "checked at run time" in text
+
+
+def test_two_stores_whose_ranges_an_argument_decides():
+    """a[i] = x[i] and a[i + m] = 2 x[i] in `for i in range(4)`, m an argument: each element stored
+    once for m >= 4 (exact gradients, analytic), stored twice for m = 2 (a run-time error)."""
+    a = ti.field(ti.f32, shape=12, needs_grad=True)
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def spread(m: ti.i32):
+        for i in range(4):
+            a[i] = x[i]
+            a[i + m] = 2.0 * x[i]
+
+    @ti.kernel
+    def total():
+        for i in range(12):
+            loss[None] += (i + 1.0) * a[i]
+
+    x.from_numpy(f32([0.5, -1.0, 2.0, 0.25]))
+    with ti.ad.Tape(loss=loss):
+        spread(6)
+        total()
+    np.testing.assert_allclose(x.grad.to_numpy(), np.arange(1.0, 5.0) + 2.0 * np.arange(7.0, 11.0))
+    with pytest.raises(DataAccessError, match=r"kernel 'spread': a\[\d\] was stored twice by the same launch "
+                                              r"\(line \d+\): only the last value survives, so the gradient "
+                                              r"would be silently wrong. Whether the indices meet depends on "
+                                              r"the kernel's arguments"):
+        with ti.ad.Tape(loss=loss):
+            spread(2)
+            total()

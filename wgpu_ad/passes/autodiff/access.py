@@ -22,8 +22,10 @@ Where an index is not affine (it is read from a field, or is a counter stepped c
 rule cannot be proven, and such data-dependent programs are often right for the data they run on
 (a permutation read from a field is injective). With `checks` (a RuntimeChecks), those accesses
 are not refused but collected: the forward launch checks them element by element on the GPU
-(shadow.py) and raises a clear error when the data breaks the rule. What is certainly wrong (the
-indices are affine and may meet) stays a compile-time error.
+(shadow.py) and raises a clear error when the data breaks the rule. So are affine indices whose
+ranges meet or not depending on the kernel's arguments (ranges.py: a[i + 4] and a[i] with i in
+range(n) are apart for n <= 4 only). What is certainly wrong (the indices are affine and meet
+whatever the arguments) stays a compile-time error.
 """
 from __future__ import annotations
 
@@ -135,6 +137,8 @@ class RuntimeChecks:
     partners: dict = field(default_factory=dict)
     writers: dict = field(default_factory=dict)
     refusals: dict = field(default_factory=dict)  # id(write) -> the refusal it replaces (a callable)
+    by_data: set = field(default_factory=set)  # ids of accesses checked for data-dependent indices (the
+    # others only because the kernel's arguments decide whether their ranges meet: ranges.py)
 
     def __bool__(self) -> bool:
         return bool(self.stores or self.updates)
@@ -146,8 +150,10 @@ class RuntimeChecks:
             out.setdefault(id(_buf(s)), _buf(s))
         return list(out.values())
 
-    def write(self, w: Stmt, load: Stmt | None, refuse) -> None:
+    def write(self, w: Stmt, load: Stmt | None, refuse, by_data: bool = True) -> None:
         self.refusals.setdefault(id(w), refuse)
+        if by_data:
+            self.by_data.update(id(x) for x in (w, load) if x is not None)
         (self.stores if w.op is Op.GLOBAL_STORE else self.updates)[id(w)] = w
         partners = self.partners.setdefault(id(w), [])
         if load is not None:
@@ -205,8 +211,9 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
                 if not _safe(load, w, own, ld, loops) and not ranges_.disjoint(load, w) and not (
                         write_first and task_of[id(w)] == task_of[id(load)]
                         and _own_earlier_write(load, w, loops, ld, pinned)):
-                    if checks is not None and (_data_dependent(load, ld) or _data_dependent(w, ld)):
-                        checks.write(w, load, lambda load=load, w=w: _refuse_read_then_write(kernel, load, w))
+                    data = _data_dependent(load, ld) or _data_dependent(w, ld)
+                    if checks is not None and (data or ranges_.by_arguments(load, w)):
+                        checks.write(w, load, lambda load=load, w=w: _refuse_read_then_write(kernel, load, w), data)
                     else:
                         _refuse_read_then_write(kernel, load, w)
     for group, near in zip(groups, pairs):
@@ -241,12 +248,13 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
                     # adjoint walks them in reverse and zeroes the gradient after each store (two
                     # stores pinned to threads, pinned.py, are one thread's if pinned to one)
                     continue
+                data = _data_dependent(w, ld) or _data_dependent(w2, ld)
                 if (checks is not None and w.op is w2.op is Op.GLOBAL_STORE and task_of[id(w)] == task_of[id(w2)]
-                        and (_data_dependent(w, ld) or _data_dependent(w2, ld))):
+                        and (data or ranges_.by_arguments(w, w2))):
                     # two stores of one launch that may meet: each element stored once
                     refuse = lambda w=w, w2=w2: _refuse_overwrite(kernel, w, w2)  # noqa: E731
-                    checks.write(w, None, refuse)
-                    checks.write(w2, None, refuse)
+                    checks.write(w, None, refuse, data)
+                    checks.write(w2, None, refuse, data)
                     continue
                 _refuse_overwrite(kernel, w, w2)
     if checks:

@@ -65,6 +65,21 @@ class IndexRanges:
                 return True
         return False
 
+    def by_arguments(self, a: Stmt, b: Stmt) -> bool:
+        """Whether the kernel's arguments decide if a and b may meet: in some dimension a gap
+        between their ranges (lo(b) - hi(a) or lo(a) - hi(b)) is known and names an argument
+        (a[i + 4] and a[i] with i in range(n): 5 - n, apart for n <= 4). Such a pair is checked at
+        run time rather than refused (access.py)."""
+        if a.index is None or b.index is None or len(a.index) != len(b.index):
+            return False
+        for x, y in zip(a.index, b.index):
+            lo_a, hi_a = self.bounds(self._affine(x))
+            lo_b, hi_b = self.bounds(self._affine(y))
+            for lo, hi in ((lo_b, hi_a), (lo_a, hi_b)):
+                if lo is not None and hi is not None and canonical(_add(lo, hi, -1))[0]:
+                    return True
+        return False
+
     def bounds(self, form: Form) -> tuple[Form | None, Form | None]:
         """(lo, hi) of an affine form as affine forms over arguments; None where unknown."""
         lo, hi = {None: form.get(None, 0)}, {None: form.get(None, 0)}
