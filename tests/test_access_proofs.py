@@ -11,7 +11,9 @@ that break the rules, which must stay refused (or checked at run time).
  10. under `if i == e` (e uniform) one thread of a parallel loop runs the statement: its read and
      update of s[None] are one thread's (pinned.py);
  11. accesses whose index ranges, bounded by the loops' ranges, are disjoint never meet
-     (ranges.py: a[i + 4] and a[i] with i < 4; x[t + 1, i] and x[0, i]).
+     (ranges.py: a[i + 4] and a[i] with i < 4; x[t + 1, i] and x[0, i]); where the arguments
+     decide, the launch checks them on the GPU;
+ 12. a linearised index y[2 i + j] with j < 2 stores each element once (ranges.py separated).
 """
 from __future__ import annotations
 
@@ -761,3 +763,72 @@ def test_two_stores_whose_ranges_an_argument_decides():
         with ti.ad.Tape(loss=loss):
             spread(2)
             total()
+
+
+# ---- 12: a linearised index -------------------------------------------------------------------------
+@pytest.mark.parametrize("form", ["y[2 i + j], ndrange(4, 2)", "y[i + 3 j], ndrange(3, 4)",
+                                  "y[3 i + j], serial j < 3, i < n"])
+def test_linearised_index_stores_each_element_once(form):
+    """A store at a linearised index (mixed radix: each coefficient exceeds what the smaller terms
+    span, ranges.py separated) stores each element once; y = 3 x there, loss = sum (k + 1) y_k^2:
+    d/dx_k = 18 (k + 1) x_k on the stored elements, 0 elsewhere."""
+    y = ti.field(ti.f32, shape=24, needs_grad=True)
+    x = ti.field(ti.f32, shape=24, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    args: tuple = ()
+    if form.startswith("y[2 i"):
+        @ti.kernel
+        def store():
+            for i, j in ti.ndrange(4, 2):
+                y[2 * i + j] = 3.0 * x[2 * i + j]
+        stored = 8
+    elif form.startswith("y[i + 3 j]"):
+        @ti.kernel
+        def store():
+            for i, j in ti.ndrange(3, 4):
+                y[i + 3 * j] = 3.0 * x[i + 3 * j]
+        stored = 12
+    else:
+        @ti.kernel
+        def store(n: ti.i32):
+            for i in range(n):
+                for j in range(3):
+                    y[3 * i + j] = 3.0 * x[3 * i + j]
+        args, stored = (7,), 21
+
+    @ti.kernel
+    def total():
+        for k in range(24):
+            loss[None] += (k + 1.0) * y[k] * y[k]
+
+    x0 = np.linspace(-1.0, 1.0, 24)
+    x.from_numpy(f32(x0))
+    with ti.ad.Tape(loss=loss):
+        store(*args)
+        total()
+    xr = f32(x0).astype(np.float64)
+    want = np.where(np.arange(24) < stored, 18.0 * np.arange(1.0, 25.0) * xr, 0.0)
+    assert_grad(x.grad.to_numpy(), want)
+
+
+@pytest.mark.parametrize("form", ["y[2 i + j], j < 3", "y[i + j]"])
+def test_linearised_index_that_repeats_stays_refused(form):
+    """y[2 i + j] with j in range(3) (2 * 1 + 0 == 2 * 0 + 2) and y[i + j]: elements stored by
+    two threads, refused with the field and the line."""
+    y = ti.field(ti.f32, shape=24, needs_grad=True)
+    x = ti.field(ti.f32, shape=24, needs_grad=True)
+    if form == "y[i + j]":
+        @ti.kernel
+        def store():
+            for i, j in ti.ndrange(4, 4):
+                y[i + j] = 3.0 * x[i]
+    else:
+        @ti.kernel
+        def store():
+            for i, j in ti.ndrange(4, 3):
+                y[2 * i + j] = 3.0 * x[i]
+
+    with pytest.raises(ti.NotDifferentiableError, match=r"kernel 'store': it stores to field 'y' \(line \d+\) "
+                                                        r"inside a loop, and the same element may be stored by "
+                                                        r"more than one iteration or thread"):
+        store.grad()

@@ -224,7 +224,7 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
                 continue
             # the loops around w, but those it runs in at most once (pinned.py: `if j == e`)
             around = [g for g in loops[id(w)] if not (len(g) == 1 and g[0] in pinned.get(id(w), ()))]
-            if w.op is not Op.ATOMIC and not _injective(w, around, ld, loops):  # atomics accumulate
+            if w.op is not Op.ATOMIC and not _injective(w, around, ld, loops, ranges_):  # atomics accumulate
                 if checks is not None and _data_dependent(w, ld):
                     checks.write(w, None, lambda w=w: _refuse_repeated_write(kernel, w))
                 else:
@@ -320,18 +320,22 @@ def _at_most_once(begin, end) -> bool:
             and int(end.attr) - int(begin.attr) <= 1)
 
 
-def _injective(w: Stmt, loops: list, ld: dict, around: dict | None = None) -> bool:
+def _injective(w: Stmt, loops: list, ld: dict, around: dict | None = None, ranges=None) -> bool:
     """Does every iteration of the loops around `w` (and every thread) write a different element?
     Proven when each loop index is alone (up to uniform terms, and for a serial loop values
-    computed outside it: `around`, _enclosing_loops) in a dimension of its own."""
+    computed outside it: `around`, _enclosing_loops) in a dimension of its own, or one of the loop
+    indices a dimension separates (ranges.py: `y[2 * i + j]` with j in range(2))."""
     if not loops:
         return True
     if w.index is None:
         return False
     dims = [affine(x, ld) for x in w.index]
+    split = {k for a in dims for k in ranges.separated(a)} if ranges is not None else set()
     used = set()
     for group in loops:
         for key in group:
+            if key in split:
+                continue
             hit = next((k for k, a in enumerate(dims) if k not in used and key in a and a[key] != 0 and
                         all(x is None or x == key or _invariant(x, key, around) for x in a)), None)
             if hit is None:

@@ -28,6 +28,15 @@ is a constant < 0. Then no execution of B meets an execution of A in that dimens
 never touch the same element: not in one iteration, nor in two, nor in two threads. Nothing else
 is claimed; the rules then treat the pair as apart.
 
+One index, many loops (separated). A dimension c0 + sum_k c_k v_k whose varying terms are all
+loop indices (arguments aside) separates them when, ordered by |c_k|, each |c_k| exceeds
+sum_{j before k} |c_j| (hi_j - lo_j) with constant widths hi_j - lo_j (the last one's width is not
+needed): a linearised index `y[2 * i + j]` with j in range(2). Proof: two points that differ in
+some v_k; let k be the last in the order where they differ; its term changes by at least |c_k|,
+and the terms before it by at most sum_{j before k} |c_j| (hi_j - lo_j) < |c_k| together, and no
+later term changes, so the two values differ (mixed radix). A store whose dimensions separate every
+loop around it stores each element in one iteration of one thread (access.py _injective).
+
 Assumed, as by every access rule: index arithmetic does not wrap around its 32 bits (constant
 bounds beyond +-2**30 are treated as unknown), and indices are within the field's shape (an index
 past the end of one dimension would alias an element of the next).
@@ -79,6 +88,24 @@ class IndexRanges:
                 if lo is not None and hi is not None and canonical(_add(lo, hi, -1))[0]:
                     return True
         return False
+
+    def separated(self, form: Form) -> set:
+        """The loop keys an index dimension separates (module docstring: mixed radix), or none."""
+        terms = sorted(((k, c) for k, c in form.items() if k is not None and c != 0 and k[0] != "arg"),
+                       key=lambda kc: abs(kc[1]))
+        if any(k[0] not in ("sloop", "pdim", "ploop") for k, _c in terms):
+            return set()
+        spread = 0
+        for n, (k, c) in enumerate(terms):
+            if abs(c) <= spread:
+                return set()
+            if n < len(terms) - 1:
+                lo, hi = self._key_bounds(k)
+                width = None if lo is None or hi is None else canonical(_add(hi, lo, -1))
+                if width is None or width[0] or abs(width[1]) >= _LIMIT:
+                    return set()
+                spread += abs(c) * max(width[1], 0)
+        return {k for k, _c in terms}
 
     def bounds(self, form: Form) -> tuple[Form | None, Form | None]:
         """(lo, hi) of an affine form as affine forms over arguments; None where unknown."""
