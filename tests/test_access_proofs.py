@@ -9,7 +9,7 @@ that break the rules, which must stay refused (or checked at run time).
   8. a store under `if j == e` runs in at most one iteration of loop j (access.py _pinned_loops);
   9. `i % n` with 0 <= i < n is i (simplify.py _below, from the loop's range);
  10. under `if i == e` (e uniform) one thread of a parallel loop runs the statement: its read and
-     update of s[None] are one thread's (pinned.py);
+     update of s[None] are one thread's (pinned.py), in a serial loop too (promote.py);
  11. accesses whose index ranges, bounded by the loops' ranges, are disjoint never meet
      (ranges.py: a[i + 4] and a[i] with i < 4; x[t + 1, i] and x[0, i]); where the arguments
      decide, the launch checks them on the GPU;
@@ -561,6 +561,58 @@ def test_update_by_several_threads_stays_refused(form, message):
 
     with pytest.raises(ti.NotDifferentiableError, match=message):
         update.grad()
+
+
+def test_serial_loop_in_one_thread_of_a_parallel_loop():
+    """`if i == 0: for j in range(4): s = s x[j] + 1`: the serial loop runs in one thread, so s is
+    that thread's element across it (promote.py keeps it in a local); s4 = ((((s0 x0 + 1) x1 + 1)
+    x2 + 1) x3 + 1): d/ds0 = x0 x1 x2 x3, d/dx_j = s_j prod_{k > j} x_k. Other threads reading s
+    after the loop would race, and stay refused."""
+    s = ti.field(ti.f32, shape=(), needs_grad=True)
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    y = ti.field(ti.f32, shape=4, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def horner():
+        for i in range(4):
+            if i == 0:
+                for j in range(4):
+                    s[None] = s[None] * x[j] + 1.0
+            y[i] = 2.0 * x[i]
+
+    @ti.kernel
+    def total():
+        loss[None] = s[None]
+        for i in range(4):
+            loss[None] += y[i]
+
+    x0, s0 = np.array([0.5, -1.25, 1.5, 2.0]), 0.3
+    x.from_numpy(f32(x0))
+    s[None] = s0
+    with ti.ad.Tape(loss=loss):
+        horner()
+        total()
+    xr, sr = f32(x0).astype(np.float64), float(np.float32(s0))
+    states = [sr]
+    for v in xr:
+        states.append(states[-1] * v + 1.0)
+    assert s[None] == pytest.approx(states[4], rel=1e-5)
+    assert s.grad[None] == pytest.approx(float(np.prod(xr)), rel=1e-5)
+    want = np.array([states[j] * np.prod(xr[j + 1:]) for j in range(4)]) + 2.0
+    assert_grad(x.grad.to_numpy(), want)
+
+    @ti.kernel
+    def shared():
+        for i in range(4):
+            if i == 0:
+                for j in range(4):
+                    s[None] = s[None] * x[j] + 1.0
+            y[i] = s[None]
+
+    with pytest.raises(ti.NotDifferentiableError, match=r"kernel 'shared': it reads field 's' \(line \d+\) and "
+                                                        r"then overwrites what it read"):
+        shared.grad()
 
 
 # ---- 11: index ranges -------------------------------------------------------------------------------

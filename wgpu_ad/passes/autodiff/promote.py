@@ -29,6 +29,7 @@ from ...ir.nodes import Block, Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
 from ...ir.utils import is_pure, substitute
 from .access import _at_most_once, _combine, _enclosing_loops, _private_dims, _same_element, affine
+from .access_pairs import parallel_pins
 from .pinned import pinned_loops
 
 
@@ -43,7 +44,7 @@ def promote_elements(kernel: Kernel) -> Kernel:
             mapping: dict = {}
             _forward(t.body, kernel, par, mapping)
             substitute(kernel, mapping)
-        _block(t.body, kernel, par)
+        _block(t.body, kernel, par, pinned_loops(kernel) if par else {})
         if par is not None:
             _promote_task(t, kernel, par)
         _inductions(t.body, kernel)
@@ -371,20 +372,23 @@ def _parallel_keys(kernel: Kernel, t: Task) -> set | None:
     return {("pdim", id(t), d) for d in dims} if dims else None
 
 
-def _block(block: Block, kernel: Kernel, par: set) -> None:
+def _block(block: Block, kernel: Kernel, par: set, pins: dict) -> None:
     k = 0
     while k < len(block.stmts):
         s = block.stmts[k]
         for b in s.blocks:
-            _block(b, kernel, par)  # inner loops first: an outer loop then sees their locals
+            _block(b, kernel, par, pins)  # inner loops first: an outer loop then sees their locals
         if s.op in (Op.RANGE_FOR, Op.WHILE) and par is not None:
-            before, after = _promote_loop(s, kernel, par)
+            before, after = _promote_loop(s, kernel, par, set(parallel_pins(s, pins)))
             block.stmts[k:k + 1] = before + [s] + after
             k += len(before) + len(after)
         k += 1
 
 
-def _promote_loop(loop: Stmt, kernel: Kernel, par: set) -> tuple[list, list]:
+def _promote_loop(loop: Stmt, kernel: Kernel, par: set, one_thread: set) -> tuple[list, list]:
+    """The elements of the thread the serial `loop` reads and writes, as locals (module docstring);
+    one_thread: the parallel keys an equality around the loop pins (pinned.py `if i == 0`): the
+    loop runs in one thread of those, so their indices need not be in the element's index."""
     inside = list(walk(loop.blocks[0]))
     ids = {id(x) for x in inside}
     by_buf: dict[int, list] = {}
@@ -412,7 +416,7 @@ def _promote_loop(loop: Stmt, kernel: Kernel, par: set) -> tuple[list, list]:
                 or (id(idx) in ids and not _recomputable(idx, ids, kernel))
                 or not any(x.op is not Op.GLOBAL_LOAD for x in accesses)
                 or (once and not any(x.op is not Op.GLOBAL_STORE for x in accesses))
-                or not _private(first, kernel, par)):
+                or not _private(first, kernel, par, one_thread)):
             continue
         buf = first.attr[1] if first.op is Op.ATOMIC else first.attr
         index = first.index
@@ -440,11 +444,12 @@ def _insert_before(block: Block, target: Stmt, stmts: list) -> bool:
     return False
 
 
-def _private(access: Stmt, kernel: Kernel, par: set) -> bool:
-    """The access's multi-index holds every parallel index of the task: the element is the thread's."""
+def _private(access: Stmt, kernel: Kernel, par: set, one_thread: set = frozenset()) -> bool:
+    """The access's multi-index holds every parallel index of the task (but those in one_thread,
+    pinned to one value where it runs): the element is the thread's."""
     if access.index is None:
         return False
-    seen = set()
+    seen = set(one_thread) & par
     for x in access.index:
         seen |= {k for k in affine(x, kernel.loop_dims) if k is not None and k in par}
     return seen == par
