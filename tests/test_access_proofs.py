@@ -563,6 +563,37 @@ def test_update_by_several_threads_stays_refused(form, message):
         update.grad()
 
 
+def test_two_updates_in_one_thread_of_a_parallel_loop():
+    """`if i == 2: s = s x[i]; s = s^2 + x[0]`: the second read sees the first store (forwarded
+    within the one thread, promote.py); s2 = (s0 x2)^2 + x0: d/ds0 = 2 s0 x2^2, d/dx2 = 2 s0^2 x2,
+    d/dx0 = 1."""
+    s = ti.field(ti.f32, shape=(), needs_grad=True)
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def twice():
+        for i in range(4):
+            if i == 2:
+                s[None] = s[None] * x[i]
+                s[None] = s[None] * s[None] + x[0]
+
+    @ti.kernel
+    def total():
+        loss[None] = s[None]
+
+    x0, s0 = np.array([0.5, 1.0, 1.5, 2.0]), 0.3
+    x.from_numpy(f32(x0))
+    s[None] = s0
+    with ti.ad.Tape(loss=loss):
+        twice()
+        total()
+    xr, sr = f32(x0).astype(np.float64), float(np.float32(s0))
+    assert s[None] == pytest.approx((sr * xr[2]) ** 2 + xr[0], rel=1e-6)
+    assert s.grad[None] == pytest.approx(2.0 * sr * xr[2] ** 2, rel=1e-5)
+    assert_grad(x.grad.to_numpy(), [1.0, 0.0, 2.0 * sr * sr * xr[2], 0.0])
+
+
 def test_serial_loop_in_one_thread_of_a_parallel_loop():
     """`if i == 0: for j in range(4): s = s x[j] + 1`: the serial loop runs in one thread, so s is
     that thread's element across it (promote.py keeps it in a local); s4 = ((((s0 x0 + 1) x1 + 1)

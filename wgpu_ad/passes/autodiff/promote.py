@@ -39,12 +39,15 @@ def promote_elements(kernel: Kernel) -> Kernel:
     the load reads what the thread just stored), so that no load sees a value stored in the launch."""
     for t in kernel.tasks:
         par = _parallel_keys(kernel, t)
+        # (statements an equality pins to one thread, pinned.py, are that thread's as a whole; the
+        # lookups are of stores and loops, which these rewrites keep)
+        pins = pinned_loops(kernel) if par else {}
         if par is not None:
             _demote_private_atomics(t, kernel, par)
             mapping: dict = {}
-            _forward(t.body, kernel, par, mapping)
+            _forward(t.body, kernel, par, mapping, pins)
             substitute(kernel, mapping)
-        _block(t.body, kernel, par, pinned_loops(kernel) if par else {})
+        _block(t.body, kernel, par, pins)
         if par is not None:
             _promote_task(t, kernel, par)
         _inductions(t.body, kernel)
@@ -301,7 +304,7 @@ def _to_local(accesses: list, var: Stmt, buf, block: Block) -> None:
             x.op, x.dtype, x.args, x.attr, x.index = Op.LOCAL_STORE, None, [var, new], None, None
 
 
-def _forward(block: Block, kernel: Kernel, par: set, mapping: dict) -> None:
+def _forward(block: Block, kernel: Kernel, par: set, mapping: dict, pins: dict) -> None:
     last: dict = {}   # id(buffer) -> (index value, stored value) of the block's last store
     keep = []
     for s in block.stmts:
@@ -311,12 +314,13 @@ def _forward(block: Block, kernel: Kernel, par: set, mapping: dict) -> None:
                 mapping[s] = hit[1]
                 continue  # the load is gone: its users read the stored value
         elif s.op is Op.GLOBAL_STORE:
-            last[id(s.attr)] = (s.args[0], s.args[1]) if _private(s, kernel, par) else None
+            own = _private(s, kernel, par, set(parallel_pins(s, pins)))
+            last[id(s.attr)] = (s.args[0], s.args[1]) if own else None
         elif s.op is Op.ATOMIC:
             last.pop(id(s.attr[1]), None)
         if s.blocks:
             for b in s.blocks:
-                _forward(b, kernel, par, mapping)
+                _forward(b, kernel, par, mapping, pins)
             last.clear()  # what nested blocks store is not known here
         keep.append(s)
     block.stmts = keep
