@@ -205,9 +205,10 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
                 if task_of[id(w)] < task_of[id(load)]:
                     continue  # an earlier dispatch wrote it: the replay reads the same value
                 write_first = pos[id(w)] < pos[id(load)]
-                # (the same element stored first is the same thread's only if no equality pins
-                # one of them to a thread the other need not run in: pinned.py)
-                own = write_first and parallel_pins(w, pinned) == parallel_pins(load, pinned)
+                # (the same element stored first is the same thread's when the index names every
+                # parallel index, or both are pinned to one thread: pinned.py)
+                own = write_first and (parallel_pins(w, pinned) == parallel_pins(load, pinned)
+                                       or _private_dims(load, w, loops, ld) is not None)
                 if not _safe(load, w, own, ld, loops) and not ranges_.disjoint(load, w) and not (
                         write_first and task_of[id(w)] == task_of[id(load)]
                         and _own_earlier_write(load, w, loops, ld, pinned)):
