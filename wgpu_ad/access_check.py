@@ -2,15 +2,15 @@
 a failed check carries from the compiler to the runtime, and the message it becomes.
 
 Where the compiler cannot prove that a kernel's accesses are safe for reverse mode (an index read
-from a field, a counter stepped conditionally, index ranges that meet for some arguments), a
-forward launch that a gradient may be asked for runs a checked variant. Per field and task with checked accesses, a shadow buffer of one u32 per
-scalar, zeroed before the launch, records what happened to each element in that task: READ (a
-checked load), UPDATED (a checked atomic), and the owner of a checked store (1 + the iteration of
-the parallel loop that stored it, shifted by OWNER_SHIFT). A checked access that finds what it
-must not (the element stored twice, or read and then overwritten, or stored by one iteration and
-read by another) reports itself through the error buffer as an ASSERT whose attr is an
-AccessCheck; the launcher raises DataAccessError. The records are plain data (they pickle into the
-offline cache with their kernel); no IR here.
+from a field, a counter stepped conditionally, index ranges that meet for some arguments), a forward
+launch that a gradient may be asked for runs a checked variant. Per field and task with checked
+accesses, a shadow buffer of one u32 per scalar, zeroed before the launch, records what happened to
+each element in that task: READ (a checked load), UPDATED (a checked atomic), and the owner of a
+checked store (1 + the iteration of the parallel loop that stored it, shifted by OWNER_SHIFT). A
+checked access that finds what it must not (the element stored twice, or read and then overwritten,
+or stored by one iteration and read by another) reports itself through the error buffer as an ASSERT
+whose attr is an AccessCheck; the launcher raises DataAccessError. The records are plain data (they
+pickle into the offline cache with their kernel); no IR here.
 """
 from __future__ import annotations
 
