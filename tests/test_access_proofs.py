@@ -467,6 +467,17 @@ def _one_thread_kernel(form: str, s, x, y):
                     s[None] = s[None] * s[None] * x[i]
                 y[i] = 2.0 * x[i]
         return update, (6,), 5
+    if form == "i == target[None] (set by an earlier task)":
+        target = ti.field(ti.i32, shape=())
+
+        @ti.kernel
+        def update():
+            target[None] = 4
+            for i in range(8):
+                if target[None] == i:
+                    s[None] = s[None] * s[None] * x[i]
+                y[i] = 2.0 * x[i]
+        return update, (), 4
     assert form == "i == 2 and j == 1 (ndrange)"
 
     @ti.kernel
@@ -480,11 +491,11 @@ def _one_thread_kernel(form: str, s, x, y):
 
 
 @pytest.mark.parametrize("form", ["i == 0", "i == 3", "i == n - 1 (template)", "i == m - 1 (argument)",
-                                  "i == 2 and j == 1 (ndrange)"])
+                                  "i == target[None] (set by an earlier task)", "i == 2 and j == 1 (ndrange)"])
 def test_update_by_one_thread_of_a_parallel_loop(form):
-    """`if i == e: s[None] = s[None]^2 x[i]` with e uniform (a constant, a template, an argument):
-    one thread reads and overwrites s, like top-level code; the read replays a copy from before the
-    launch. loss = 3 s + sum_i (i + 1) y_i: d/ds0 = 6 s0 x_k, d/dx_k = 3 s0^2 + 2 (k + 1)."""
+    """`if i == e: s[None] = s[None]^2 x[i]` with e uniform (a constant, a template, an argument, a
+    field element only an earlier task writes): one thread reads and overwrites s, like top-level code;
+    the read replays a copy from before the launch. loss = 3 s + sum_i (i + 1) y_i: d/ds0 = 6 s0 x_k, d/dx_k = 3 s0^2 + 2 (k + 1)."""
     s = ti.field(ti.f32, shape=(), needs_grad=True)
     x = ti.field(ti.f32, shape=8, needs_grad=True)
     y = ti.field(ti.f32, shape=8, needs_grad=True)
@@ -516,12 +527,15 @@ def test_update_by_one_thread_of_a_parallel_loop(form):
     ("x[i] > 0", r"kernel 'update': it reads field 's' \(line \d+\) and then overwrites what it read"),
     ("ndrange, i == 0 only", r"kernel 'update': it reads field 's' \(line \d+\) and then overwrites what it read"),
     ("two threads", r"kernel 'update': it writes field 's' \(line \d+\) and writes the same elements again"),
+    ("target written in the task", r"kernel 'update': it reads field 'target' \(line \d+\) and then overwrites "
+                                   r"what it read"),
     ("every thread reads", r"kernel 'update': it reads field 's' \(line \d+\) and then overwrites what it read"),
 ])
 def test_update_by_several_threads_stays_refused(form, message):
     """An equality that can hold in several threads (i % 2 == 0, data, one ndrange dimension of
-    two), two threads pinned to different values (i == 0 and i == 1), or a read of s by every
-    thread after thread 0 updated it: races in the forward, refused with the field and lines."""
+    two, a field element the same task writes), two threads pinned to different values (i == 0
+    and i == 1), or a read of s by every thread after thread 0 updated it: races in the forward,
+    refused with the field and lines."""
     s = ti.field(ti.f32, shape=(), needs_grad=True)
     x = ti.field(ti.f32, shape=8, needs_grad=True)
     y = ti.field(ti.f32, shape=8, needs_grad=True)
@@ -543,6 +557,15 @@ def test_update_by_several_threads_stays_refused(form, message):
             for i, j in ti.ndrange(4, 2):
                 if i == 0:
                     s[None] = s[None] * x[i + j]
+    elif form == "target written in the task":
+        target = ti.field(ti.i32, shape=8)
+
+        @ti.kernel
+        def update():
+            for i in range(8):
+                target[i] = 7 - i
+                if i == target[0]:
+                    s[None] = s[None] * x[i]
     elif form == "two threads":
         @ti.kernel
         def update():
