@@ -2,15 +2,15 @@
 a failed check carries from the compiler to the runtime, and the message it becomes.
 
 Where the compiler cannot prove that a kernel's accesses are safe for reverse mode (an index read
-from a field, a counter stepped conditionally), a forward launch that a gradient may be asked for
-runs a checked variant. Per field and task with checked accesses, a shadow buffer of one u32 per
-scalar, zeroed before the launch, records what happened to each element in that task: READ (a
-checked load), UPDATED (a checked atomic), and the owner of a checked store (1 + the iteration of
-the parallel loop that stored it, shifted by OWNER_SHIFT). A checked access that finds what it
-must not (the element stored twice, or read and then overwritten, or stored by one iteration and
-read by another) reports itself through the error buffer as an ASSERT whose attr is an
-AccessCheck; the launcher raises DataAccessError. The records are plain data (they pickle into the
-offline cache with their kernel); no IR here.
+from a field, a counter stepped conditionally, index ranges that meet for some arguments), a forward
+launch that a gradient may be asked for runs a checked variant. Per field and task with checked
+accesses, a shadow buffer of one u32 per scalar, zeroed before the launch, records what happened to
+each element in that task: READ (a checked load), UPDATED (a checked atomic), and the owner of a
+checked store (1 + the iteration of the parallel loop that stored it, shifted by OWNER_SHIFT). A
+checked access that finds what it must not (the element stored twice, or read and then overwritten,
+or stored by one iteration and read by another) reports itself through the error buffer as an ASSERT
+whose attr is an AccessCheck; the launcher raises DataAccessError. The records are plain data (they
+pickle into the offline cache with their kernel); no IR here.
 """
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ OWNER_SHIFT = 2  # above: 1 + the parallel iteration whose checked store stored 
 class AccessCheck:
     """The check of one access of `field` (its plan source `source`) at `loc` in kernel `kernel`:
     `kind` 'store', 'update' (an atomic) or 'load'; `others`: the lines of the checked accesses it
-    may meet (the loads a write may overwrite, the writes a load may see). The ASSERT reports the
+    may meet (the loads a write may overwrite, the writes a load may see); `cause`: why the compiler
+    could not decide, 'data' (indices read from fields) or 'arguments' (affine indices whose ranges
+    meet for some values of the kernel's arguments). The ASSERT reports the
     shadow word it found, the element's linear index and its own owner code."""
 
     kernel: str
@@ -38,6 +40,7 @@ class AccessCheck:
     loc: SourceLoc | None
     kind: str
     others: tuple = ()
+    cause: str = "data"
 
     def __repr__(self) -> str:
         line = f" line {self.loc.line}" if self.loc else ""
@@ -67,7 +70,11 @@ class AccessCheck:
         here, others = _line(self.loc), " or ".join(f"line {loc.line}" for loc in self.others) or "another line"
         head = f"kernel '{self.kernel}': {name} was "
         why = ("The indices depend on the data, so this is checked at run time (the compiler cannot prove that "
-               "they never meet)")
+               "they never meet)") if self.cause == "data" else (
+            "Whether the indices meet depends on the kernel's arguments (the loops' ranges), so this is checked "
+            "at run time")
+        repeat = ("The index depends on the data, so this is checked at run time (the compiler cannot prove that "
+                  "it never repeats)") if self.cause == "data" else why
         if self.kind == "load" and found & UPDATED:
             text = (f"{head}read ({here}) after an atomic update ({others}) in the same launch: the read saw a "
                     f"partial result and the gradient kernel replays it with the final one, so the gradient "
@@ -87,8 +94,7 @@ class AccessCheck:
                     f"field, or make sure no element the launch reads is also written by it")
         else:
             text = (f"{head}stored twice by the same launch ({here}): only the last value survives, so the "
-                    f"gradient would be silently wrong. The index depends on the data, so this is checked at run "
-                    f"time (the compiler cannot prove that it never repeats). Store each "
+                    f"gradient would be silently wrong. {repeat}. Store each "
                     f"element once (e.g. index by a permutation), or accumulate with += (atomic add)")
         if self.loc is not None:
             text += f"\n{self.loc.excerpt()}"

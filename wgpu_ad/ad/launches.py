@@ -232,8 +232,8 @@ def _require_checked(k, lc, args, external: bool = False) -> None:
            else "nothing it reads needed a gradient")
     raise WgpuAdError(
         f"{k.__name__}.grad(): kernel '{k.__name__}' indexes a field by values the compiler "
-        f"cannot prove safe for reverse mode (read from a field, or a counter stepped conditionally), "
-        f"so its gradient is right only after a forward launch that checked them on the GPU, and its "
+        f"cannot prove safe for reverse mode (read from a field, a counter stepped conditionally, or loop "
+        f"ranges set by its arguments), so its gradient is right only after a forward launch that checked them on the GPU, and its "
         f"latest launch with these arguments was not checked ({why}). "
         f"Launch it inside ti.ad.Tape, or while something it reads has needs_grad=True, right before "
         f"its .grad()")

@@ -14,14 +14,18 @@ loop indices and other values):
     (x[t + 1, i] vs x[t, i] with t a kernel argument): different elements;
   - they differ by a constant along one serial loop index such that every element is stored in an
     earlier iteration than it is read (x[t + 1] = f(x[t]) inside `for t in range(T)`);
+  - the values they can take, bounded by the loops' ranges, lie in disjoint intervals (ranges.py:
+    a[i + 4] and a[i] with i in range(4); x[t + 1, i] and x[0, i] with t in range(T));
   - the same element, stored before it is read (same thread and iteration).
 
 Where an index is not affine (it is read from a field, or is a counter stepped conditionally) the
 rule cannot be proven, and such data-dependent programs are often right for the data they run on
 (a permutation read from a field is injective). With `checks` (a RuntimeChecks), those accesses
 are not refused but collected: the forward launch checks them element by element on the GPU
-(shadow.py) and raises a clear error when the data breaks the rule. What is certainly wrong (the
-indices are affine and may meet) stays a compile-time error.
+(shadow.py) and raises a clear error when the data breaks the rule. So are affine indices whose
+ranges meet or not depending on the kernel's arguments (ranges.py: a[i + 4] and a[i] with i in
+range(n) are apart for n <= 4 only). What is certainly wrong (the indices are affine and meet
+whatever the arguments) stays a compile-time error.
 """
 from __future__ import annotations
 
@@ -30,7 +34,8 @@ from dataclasses import dataclass, field
 from ...errors import NotDifferentiableError
 from ...ir.nodes import Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
-from .access_pairs import Pairs, canonical
+from .access_pairs import Pairs, canonical, parallel_pins, same_thread
+from .ranges import IndexRanges
 
 Affine = dict  # key -> coefficient; key None is the constant term
 
@@ -132,6 +137,8 @@ class RuntimeChecks:
     partners: dict = field(default_factory=dict)
     writers: dict = field(default_factory=dict)
     refusals: dict = field(default_factory=dict)  # id(write) -> the refusal it replaces (a callable)
+    by_data: set = field(default_factory=set)  # ids of accesses checked for data-dependent indices (the
+    # others only because the kernel's arguments decide whether their ranges meet: ranges.py)
 
     def __bool__(self) -> bool:
         return bool(self.stores or self.updates)
@@ -143,8 +150,10 @@ class RuntimeChecks:
             out.setdefault(id(_buf(s)), _buf(s))
         return list(out.values())
 
-    def write(self, w: Stmt, load: Stmt | None, refuse) -> None:
+    def write(self, w: Stmt, load: Stmt | None, refuse, by_data: bool = True) -> None:
         self.refusals.setdefault(id(w), refuse)
+        if by_data:
+            self.by_data.update(id(x) for x in (w, load) if x is not None)
         (self.stores if w.op is Op.GLOBAL_STORE else self.updates)[id(w)] = w
         partners = self.partners.setdefault(id(w), [])
         if load is not None:
@@ -167,7 +176,7 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
                         checks: RuntimeChecks | None = None, pinned: dict | None = None) -> None:
     """Refuse the accesses that break the rules (or may); with `checks`, collect there those that
     may only break them for some data (data-dependent indices) instead of refusing them. pinned:
-    per statement, the serial loops in which it runs at most once (pinned.py)."""
+    per statement, the loops in which it runs at most once (pinned.py)."""
     ld = kernel.loop_dims
     accesses = []
     for t in kernel.tasks:
@@ -185,6 +194,8 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
     ranges = {id(s): s for t in kernel.tasks for s in walk(t.body) if s.op is Op.RANGE_FOR}
     # only the pairs not provably apart are looked at (access_pairs.py: the checks were quadratic)
     pairs = [Pairs(group, lambda x: affine(x, ld)) for group in groups]
+    ranges_ = IndexRanges(kernel, lambda x: affine(x, ld))
+    pinned = pinned or {}
     for group, near in zip(groups, pairs):  # reads first: their message is the more useful one
         loads = near.mask(lambda s: s.op is Op.GLOBAL_LOAD and id(s) not in snapshot_loads)
         for k, w in enumerate(group):
@@ -194,14 +205,18 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
                 if task_of[id(w)] < task_of[id(load)]:
                     continue  # an earlier dispatch wrote it: the replay reads the same value
                 write_first = pos[id(w)] < pos[id(load)]
-                if not _safe(load, w, write_first, ld, loops) and not (
+                # (the same element stored first is the same thread's when the index names every
+                # parallel index, or both are pinned to one thread: pinned.py)
+                own = write_first and (parallel_pins(w, pinned) == parallel_pins(load, pinned)
+                                       or _private_dims(load, w, loops, ld) is not None)
+                if not _safe(load, w, own, ld, loops) and not ranges_.disjoint(load, w) and not (
                         write_first and task_of[id(w)] == task_of[id(load)]
-                        and _own_earlier_write(load, w, loops, ld)):
-                    if checks is not None and (_data_dependent(load, ld) or _data_dependent(w, ld)):
-                        checks.write(w, load, lambda load=load, w=w: _refuse_read_then_write(kernel, load, w))
+                        and _own_earlier_write(load, w, loops, ld, pinned)):
+                    data = _data_dependent(load, ld) or _data_dependent(w, ld)
+                    if checks is not None and (data or ranges_.by_arguments(load, w)):
+                        checks.write(w, load, lambda load=load, w=w: _refuse_read_then_write(kernel, load, w), data)
                     else:
                         _refuse_read_then_write(kernel, load, w)
-    pinned = pinned or {}
     for group, near in zip(groups, pairs):
         writes = near.mask(lambda s: s.op is not Op.GLOBAL_LOAD)
         adds = near.mask(lambda s: s.op is Op.ATOMIC and s.attr[0] in (AtomicKind.ADD, AtomicKind.SUB))
@@ -210,7 +225,7 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
                 continue
             # the loops around w, but those it runs in at most once (pinned.py: `if j == e`)
             around = [g for g in loops[id(w)] if not (len(g) == 1 and g[0] in pinned.get(id(w), ()))]
-            if w.op is not Op.ATOMIC and not _injective(w, around, ld, loops):  # atomics accumulate
+            if w.op is not Op.ATOMIC and not _injective(w, around, ld, loops, ranges_):  # atomics accumulate
                 if checks is not None and _data_dependent(w, ld):
                     checks.write(w, None, lambda w=w: _refuse_repeated_write(kernel, w))
                 else:
@@ -218,8 +233,8 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
             later = writes & ~((2 << k) - 1) & ~(adds if adds >> k & 1 else 0)  # (two adds accumulate)
             for w2 in near.near(k, later):
                 both_add = all(x.op is Op.ATOMIC and x.attr[0] in (AtomicKind.ADD, AtomicKind.SUB) for x in (w, w2))
-                if both_add or _safe_writes(w, w2, ld) or (
-                        task_of[id(w)] == task_of[id(w2)] and _thread_apart(w, w2, loops, ld, ranges)):
+                if both_add or _safe_writes(w, w2, ld) or ranges_.disjoint(w, w2) or (
+                        task_of[id(w)] == task_of[id(w2)] and _thread_apart(w, w2, loops, ld, ranges, pinned)):
                     continue
                 if task_of[id(w)] < task_of[id(w2)] and _store_or_add(w) and _store_or_add(w2):
                     # a later dispatch writes it again (`s[None] = 0` then `s[None] += x[i]`): the
@@ -227,16 +242,20 @@ def check_global_access(kernel: Kernel, snapshot_loads: frozenset = frozenset(),
                     # so each value gets the gradient of what it became; reads of the first value
                     # in between were checked above
                     continue
-                if _same_element(w, w2, ld) and task_of[id(w)] == task_of[id(w2)]:
+                if _same_element(w, w2, ld) and task_of[id(w)] == task_of[id(w2)] and (
+                        not parallel_pins(w, pinned) and not parallel_pins(w2, pinned)
+                        or _private_dims(w, w2, loops, ld, pinned) is not None):
                     # the same thread and iteration writes it twice (or in two branches): the
-                    # adjoint walks them in reverse and zeroes the gradient after each store
+                    # adjoint walks them in reverse and zeroes the gradient after each store (two
+                    # stores pinned to threads, pinned.py, are one thread's if pinned to one)
                     continue
+                data = _data_dependent(w, ld) or _data_dependent(w2, ld)
                 if (checks is not None and w.op is w2.op is Op.GLOBAL_STORE and task_of[id(w)] == task_of[id(w2)]
-                        and (_data_dependent(w, ld) or _data_dependent(w2, ld))):
+                        and (data or ranges_.by_arguments(w, w2))):
                     # two stores of one launch that may meet: each element stored once
                     refuse = lambda w=w, w2=w2: _refuse_overwrite(kernel, w, w2)  # noqa: E731
-                    checks.write(w, None, refuse)
-                    checks.write(w2, None, refuse)
+                    checks.write(w, None, refuse, data)
+                    checks.write(w2, None, refuse, data)
                     continue
                 _refuse_overwrite(kernel, w, w2)
     if checks:
@@ -302,18 +321,22 @@ def _at_most_once(begin, end) -> bool:
             and int(end.attr) - int(begin.attr) <= 1)
 
 
-def _injective(w: Stmt, loops: list, ld: dict, around: dict | None = None) -> bool:
+def _injective(w: Stmt, loops: list, ld: dict, around: dict | None = None, ranges=None) -> bool:
     """Does every iteration of the loops around `w` (and every thread) write a different element?
     Proven when each loop index is alone (up to uniform terms, and for a serial loop values
-    computed outside it: `around`, _enclosing_loops) in a dimension of its own."""
+    computed outside it: `around`, _enclosing_loops) in a dimension of its own, or one of the loop
+    indices a dimension separates (ranges.py: `y[2 * i + j]` with j in range(2))."""
     if not loops:
         return True
     if w.index is None:
         return False
     dims = [affine(x, ld) for x in w.index]
+    split = {k for a in dims for k in ranges.separated(a)} if ranges is not None else set()
     used = set()
     for group in loops:
         for key in group:
+            if key in split:
+                continue
             hit = next((k for k, a in enumerate(dims) if k not in used and key in a and a[key] != 0 and
                         all(x is None or x == key or _invariant(x, key, around) for x in a)), None)
             if hit is None:
@@ -353,15 +376,16 @@ def _safe_writes(w1: Stmt, w2: Stmt, ld: dict) -> bool:
     return False
 
 
-def _private_dims(a: Stmt, b: Stmt, loops: dict, ld: dict) -> list | None:
+def _private_dims(a: Stmt, b: Stmt, loops: dict, ld: dict, pins: dict | None = None) -> list | None:
     """For two accesses of one task: the per-dimension differences of their indices (b - a), when
     the dimensions in which both are the same form together hold every parallel index of the task
-    (so they only ever touch elements of the thread that runs them); else None."""
+    but those both are pinned to by one equality (pinned.py: `if i == 0`), so they only ever touch
+    elements of the thread that runs them, or run in one thread; else None."""
     if a.index is None or b.index is None or len(a.index) != len(b.index):
         return None
     # (no parallel index: a serial task, or a parallel loop of at most one iteration: one thread)
     par = {k for group in loops[id(a)] for k in group if k[0] in ("pdim", "ploop")}
-    covered, diffs = set(), []
+    covered, diffs = same_thread(a, b, pins) & par, []
     for x, y in zip(a.index, b.index):
         fa = affine(x, ld)
         diff = _combine(affine(y, ld), fa, -1)
@@ -371,21 +395,21 @@ def _private_dims(a: Stmt, b: Stmt, loops: dict, ld: dict) -> list | None:
     return diffs if covered == par else None
 
 
-def _own_earlier_write(load: Stmt, write: Stmt, loops: dict, ld: dict) -> bool:
+def _own_earlier_write(load: Stmt, write: Stmt, loops: dict, ld: dict, pins: dict | None = None) -> bool:
     """`write` comes before `load` in the thread's program, in no serial loop with it, and both
     touch only the thread's own elements: every element it writes is written before it can be
     read, and never after (ewma[row, 0] = ... before `for col in range(1, C)` reads ewma[row, col - 1])."""
     serial = lambda s: {k for group in loops[id(s)] for k in group if k[0] in ("sloop", "while")}  # noqa: E731
     if serial(load) & serial(write):
         return False  # a later iteration's write would come after this iteration's read
-    return _private_dims(load, write, loops, ld) is not None
+    return _private_dims(load, write, loops, ld, pins) is not None
 
 
-def _thread_apart(w1: Stmt, w2: Stmt, loops: dict, ld: dict, ranges: dict) -> bool:
+def _thread_apart(w1: Stmt, w2: Stmt, loops: dict, ld: dict, ranges: dict, pins: dict | None = None) -> bool:
     """Two writes of one task that touch only the thread's own elements and differ, within the
     thread, in some dimension by an amount whose sign the loop bounds fix (ewma[row, 0] and
     ewma[row, col] with col in range(1, C))."""
-    diffs = _private_dims(w1, w2, loops, ld)
+    diffs = _private_dims(w1, w2, loops, ld, pins)
     return diffs is not None and any(_never_zero(d, ranges) for d in diffs)
 
 

@@ -17,6 +17,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ...ir.nodes import Stmt
+
+PARALLEL = ("pdim", "ploop")  # the loop keys of a task's parallel index
+
 
 def canonical(form: dict) -> tuple[tuple, int]:
     """An affine form (access.affine: key -> coefficient, None the constant) as (its varying part: sorted (key, coefficient) pairs with a
@@ -71,6 +75,20 @@ class Pairs:
     def near(self, k: int, among: int) -> list:
         """The accesses of the bitset `among` that are not apart from access k, in program order."""
         return [self.group[j] for j in _bits(among & ~self.apart(k))]
+
+
+def same_thread(a: Stmt, b: Stmt, pins: dict | None) -> set:
+    """The parallel loop keys to which both a and b are pinned with the same value (pins:
+    pinned.py pinned_loops): in them, the two run in the same thread (or not at all)."""
+    if not pins:
+        return set()
+    pa, pb = pins.get(id(a), {}), pins.get(id(b), {})
+    return {k for k, e in pa.items() if k[0] in PARALLEL and pb.get(k) == e}
+
+
+def parallel_pins(s: Stmt, pins: dict | None) -> dict:
+    """The parallel loop keys to which s is pinned, with their values."""
+    return {k: e for k, e in (pins or {}).get(id(s), {}).items() if k[0] in PARALLEL}
 
 
 def _uniform(terms: tuple) -> bool:

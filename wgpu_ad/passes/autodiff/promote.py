@@ -29,6 +29,8 @@ from ...ir.nodes import Block, Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
 from ...ir.utils import is_pure, substitute
 from .access import _at_most_once, _combine, _enclosing_loops, _private_dims, _same_element, affine
+from .access_pairs import parallel_pins
+from .pinned import pinned_loops
 
 
 def promote_elements(kernel: Kernel) -> Kernel:
@@ -37,12 +39,15 @@ def promote_elements(kernel: Kernel) -> Kernel:
     the load reads what the thread just stored), so that no load sees a value stored in the launch."""
     for t in kernel.tasks:
         par = _parallel_keys(kernel, t)
+        # (statements an equality pins to one thread, pinned.py, are that thread's as a whole; the
+        # lookups are of stores and loops, which these rewrites keep)
+        pins = pinned_loops(kernel) if par else {}
         if par is not None:
             _demote_private_atomics(t, kernel, par)
             mapping: dict = {}
-            _forward(t.body, kernel, par, mapping)
+            _forward(t.body, kernel, par, mapping, pins)
             substitute(kernel, mapping)
-        _block(t.body, kernel, par)
+        _block(t.body, kernel, par, pins)
         if par is not None:
             _promote_task(t, kernel, par)
         _inductions(t.body, kernel)
@@ -299,7 +304,7 @@ def _to_local(accesses: list, var: Stmt, buf, block: Block) -> None:
             x.op, x.dtype, x.args, x.attr, x.index = Op.LOCAL_STORE, None, [var, new], None, None
 
 
-def _forward(block: Block, kernel: Kernel, par: set, mapping: dict) -> None:
+def _forward(block: Block, kernel: Kernel, par: set, mapping: dict, pins: dict) -> None:
     last: dict = {}   # id(buffer) -> (index value, stored value) of the block's last store
     keep = []
     for s in block.stmts:
@@ -309,12 +314,13 @@ def _forward(block: Block, kernel: Kernel, par: set, mapping: dict) -> None:
                 mapping[s] = hit[1]
                 continue  # the load is gone: its users read the stored value
         elif s.op is Op.GLOBAL_STORE:
-            last[id(s.attr)] = (s.args[0], s.args[1]) if _private(s, kernel, par) else None
+            own = _private(s, kernel, par, set(parallel_pins(s, pins)))
+            last[id(s.attr)] = (s.args[0], s.args[1]) if own else None
         elif s.op is Op.ATOMIC:
             last.pop(id(s.attr[1]), None)
         if s.blocks:
             for b in s.blocks:
-                _forward(b, kernel, par, mapping)
+                _forward(b, kernel, par, mapping, pins)
             last.clear()  # what nested blocks store is not known here
         keep.append(s)
     block.stmts = keep
@@ -322,10 +328,12 @@ def _forward(block: Block, kernel: Kernel, par: set, mapping: dict) -> None:
 
 def snapshot_loads(kernel: Kernel) -> dict[int, list]:
     """id(buffer) -> the loads of it whose element the same thread overwrites later in the task,
-    in no serial loop with the load, touching only the thread's own elements: they must read the
-    value from before the launch."""
+    in no serial loop with the load, touching only the thread's own elements (or both run in one
+    thread: pinned.py, `if i == 0: s[None] = f(s[None])`): they must read the value from before the
+    launch."""
     loops = _enclosing_loops(kernel)
     ld = kernel.loop_dims
+    pins = pinned_loops(kernel)
     out: dict[int, list] = {}
     for t in kernel.tasks:
         order = [s for s in walk(t.body) if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE)]
@@ -346,7 +354,7 @@ def snapshot_loads(kernel: Kernel) -> dict[int, list]:
             for w in order[n + 1:]:
                 if w.op is not Op.GLOBAL_STORE or w.attr is not load.attr:
                     continue
-                diffs = _private_dims(load, w, loops, ld)
+                diffs = _private_dims(load, w, loops, ld, pins)
                 shared = _serial(loops, load) & _serial(loops, w)
                 if diffs is not None and not shared and all(all(c == 0 for c in d.values()) for d in diffs):
                     out.setdefault(id(load.attr), []).append(load)
@@ -368,20 +376,23 @@ def _parallel_keys(kernel: Kernel, t: Task) -> set | None:
     return {("pdim", id(t), d) for d in dims} if dims else None
 
 
-def _block(block: Block, kernel: Kernel, par: set) -> None:
+def _block(block: Block, kernel: Kernel, par: set, pins: dict) -> None:
     k = 0
     while k < len(block.stmts):
         s = block.stmts[k]
         for b in s.blocks:
-            _block(b, kernel, par)  # inner loops first: an outer loop then sees their locals
+            _block(b, kernel, par, pins)  # inner loops first: an outer loop then sees their locals
         if s.op in (Op.RANGE_FOR, Op.WHILE) and par is not None:
-            before, after = _promote_loop(s, kernel, par)
+            before, after = _promote_loop(s, kernel, par, set(parallel_pins(s, pins)))
             block.stmts[k:k + 1] = before + [s] + after
             k += len(before) + len(after)
         k += 1
 
 
-def _promote_loop(loop: Stmt, kernel: Kernel, par: set) -> tuple[list, list]:
+def _promote_loop(loop: Stmt, kernel: Kernel, par: set, one_thread: set) -> tuple[list, list]:
+    """The elements of the thread the serial `loop` reads and writes, as locals (module docstring);
+    one_thread: the parallel keys an equality around the loop pins (pinned.py `if i == 0`): the
+    loop runs in one thread of those, so their indices need not be in the element's index."""
     inside = list(walk(loop.blocks[0]))
     ids = {id(x) for x in inside}
     by_buf: dict[int, list] = {}
@@ -409,7 +420,7 @@ def _promote_loop(loop: Stmt, kernel: Kernel, par: set) -> tuple[list, list]:
                 or (id(idx) in ids and not _recomputable(idx, ids, kernel))
                 or not any(x.op is not Op.GLOBAL_LOAD for x in accesses)
                 or (once and not any(x.op is not Op.GLOBAL_STORE for x in accesses))
-                or not _private(first, kernel, par)):
+                or not _private(first, kernel, par, one_thread)):
             continue
         buf = first.attr[1] if first.op is Op.ATOMIC else first.attr
         index = first.index
@@ -437,11 +448,12 @@ def _insert_before(block: Block, target: Stmt, stmts: list) -> bool:
     return False
 
 
-def _private(access: Stmt, kernel: Kernel, par: set) -> bool:
-    """The access's multi-index holds every parallel index of the task: the element is the thread's."""
+def _private(access: Stmt, kernel: Kernel, par: set, one_thread: set = frozenset()) -> bool:
+    """The access's multi-index holds every parallel index of the task (but those in one_thread,
+    pinned to one value where it runs): the element is the thread's."""
     if access.index is None:
         return False
-    seen = set()
+    seen = set(one_thread) & par
     for x in access.index:
         seen |= {k for k in affine(x, kernel.loop_dims) if k is not None and k in par}
     return seen == par

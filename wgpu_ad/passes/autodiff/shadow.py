@@ -61,7 +61,8 @@ def instrument(kernel: Kernel, checks: RuntimeChecks, mapping: dict) -> tuple:
             buf = _buf(orig)
             others = checks.writers.get(id(orig), ()) if kind == "load" else checks.partners.get(id(orig), ())
             check = AccessCheck(kernel.name, buf.name, buf.source, orig.loc, kind,
-                                tuple(x.loc for x in others if x.loc is not None))
+                                tuple(x.loc for x in others if x.loc is not None),
+                                "data" if id(orig) in checks.by_data else "arguments")
             earlier = sorted(a for a in read_in.get(id(buf), ()) if a < k) if kind != "load" else []
             made = _check(s, kind, shadow(buf, k), [shadow(buf, a) for a in earlier], me, check)
             _before(kernel, s, ([me] if me is not codes[k] else []) + made)
