@@ -256,7 +256,8 @@ def test_errors_taichi_programs_catch_as_runtime_errors():
             noisy()
 
     wide = ti.ndarray(ti.f32, shape=2, needs_grad=True)
-    with pytest.raises(RuntimeError, match=r"ti.ad.Tape\(loss=...\) needs a 0-d field holding one number"):
+    with pytest.raises(RuntimeError, match=r"loss ndarray 'wide' has shape \(2,\): ti.ad.Tape\(loss=...\) needs a 0-d "
+                                           r"ndarray holding one number"):
         with ti.ad.Tape(loss=wide):
             pass
 
