@@ -1,9 +1,10 @@
-"""taichi.lang.util.has_pytorch."""
+"""taichi.lang.util.has_pytorch, has_paddle."""
+import importlib.util
 
 
 def has_pytorch():
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("torch") is not None
+
+
+def has_paddle():
+    return importlib.util.find_spec("paddle") is not None
