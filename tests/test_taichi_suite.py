@@ -4,6 +4,7 @@ runs a test once on wgpu_ad, skips the float64-only and CUDA-only variants with 
 report counts a wrong gradient as a failure, with its line."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import textwrap
 
@@ -11,7 +12,7 @@ import pytest
 
 from benchmarks import taichi_suite
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(shutil.which("git") is None, reason="needs git")]
 
 FAKE = '''
 import pytest
