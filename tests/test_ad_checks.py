@@ -157,6 +157,46 @@ def test_validation_names_a_field_overwritten_after_it_was_read():
         "(x[t + 1] = f(x[t]))")
 
 
+def test_validation_names_the_field_whose_overwrite_matters_not_the_first_that_changed():
+    """Taichi's test_gdar_mpm shape: 'scatter' reads x[f] and v[f]; 'advance' writes x[f + 1] (a
+    time axis: fine) and overwrites v[f] (rule #1 broken). Both x and v changed after scatter(0)
+    ran, but only v's new values change what it computes: the refusal names v (it used to name x,
+    the first field that changed, with an element scatter never read)."""
+    T, n = 3, 4
+    x = ti.field(ti.f32, shape=(T, n), needs_grad=True)
+    v = ti.field(ti.f32, shape=(T, n), needs_grad=True)
+    out = ti.field(ti.f32, shape=(T, n), needs_grad=True)
+    L = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def scatter(f: ti.i32):
+        for p in range(n):
+            out[f, p] = x[f, p] * v[f, p]
+
+    @ti.kernel
+    def advance(f: ti.i32):
+        for p in range(n):
+            v[f, p] = 2.0 * v[f, p]
+            x[f + 1, p] = x[f, p] + v[f, p]
+
+    @ti.kernel
+    def total():
+        for f, p in out:
+            L[None] += out[f, p]
+
+    x.from_numpy(np.arange(T * n, dtype=np.float32).reshape(T, n) + 1.0)
+    v.fill(1.0)
+    with pytest.raises(WgpuAdError) as e:
+        with ti.ad.Tape(loss=L, validation=True):
+            for f in range(T - 1):
+                scatter(f)
+                advance(f)
+            total()
+    assert str(e.value).startswith(
+        "ti.ad.Tape(validation=True): kernel 'scatter' read field 'v', which kernel 'advance' overwrote later on "
+        "the tape (v[0, 0] was 1.0 when 'scatter' ran and is 2.0 now).")
+
+
 def test_validation_accepts_a_second_store_to_an_element():
     """A store over an element an earlier kernel stored, with no read between: the later store's
     adjoint consumes the gradient, so y = 5z gives dL/dx = 0 and dL/dz = 5 (it used to be refused

@@ -256,7 +256,8 @@ def test_errors_taichi_programs_catch_as_runtime_errors():
             noisy()
 
     wide = ti.ndarray(ti.f32, shape=2, needs_grad=True)
-    with pytest.raises(RuntimeError, match=r"ti.ad.Tape\(loss=...\) needs a 0-d field holding one number"):
+    with pytest.raises(RuntimeError, match=r"loss ndarray 'wide' has shape \(2,\): ti.ad.Tape\(loss=...\) needs a 0-d "
+                                           r"ndarray holding one number"):
         with ti.ad.Tape(loss=wide):
             pass
 
@@ -394,3 +395,54 @@ def test_f64_branches_in_a_parallel_loop(reciprocal):
     func()
     func.grad()
     np.testing.assert_array_equal(x.grad.to_numpy(), [0.0, -0.25] if reciprocal else [2.0, 1.0])
+
+
+# ---- kernel.grad() of a kernel whose fields have no gradient ----------------------------------------
+def test_grad_of_an_integer_kernel_is_a_no_op_not_a_refusal():
+    """Taichi's test_mod: i32 fields get no gradient from ti.root.lazy_grad(), so launches run
+    unobserved, and func.grad() of y = x % 3 (and of an atomic add of it) does nothing instead of
+    refusing. A float field given its gradient only after an unobserved launch is still refused."""
+    x, y = ti.field(ti.i32), ti.field(ti.i32)
+    ti.root.dense(ti.i, 1).place(x, y)
+    ti.root.lazy_grad()
+    assert not x.needs_grad and not y.needs_grad
+
+    @ti.kernel
+    def func():
+        y[0] = x[0] % 3
+
+    @ti.kernel
+    def func2():
+        ti.atomic_add(y[0], x[0] % 3)
+
+    x[0] = 7
+    func()
+    func.grad()
+    func2()
+    func2.grad()
+    assert y[0] == 2 * (7 % 3)
+
+
+def test_grad_with_no_gradient_anywhere_is_a_no_op_and_a_late_gradient_still_refused():
+    """float fields and no gradient in the program: square.grad() after an unobserved launch does
+    nothing (nothing could hold its result); once ti.root.lazy_grad() gives them gradients, that
+    launch's gradient is refused (its reads were not recorded), and a new launch's is 2 a."""
+    a = ti.field(ti.f32, shape=2, name="a")
+    b = ti.field(ti.f32, shape=2, name="b")
+
+    @ti.kernel
+    def square():
+        for i in a:
+            b[i] = a[i] * a[i]
+
+    a.from_numpy(np.array([1.5, -2.0], np.float32))
+    square()
+    square.grad()  # no gradients anywhere: nothing to do
+    ti.root.lazy_grad()
+    with pytest.raises(ti.WgpuAdError, match=r"square\.grad\(\): kernel 'square' \(or another kernel\) ran while "
+                                             r"nothing in the program had a gradient"):
+        square.grad()
+    square()
+    b.grad.fill(1.0)
+    square.grad()
+    np.testing.assert_allclose(a.grad.to_numpy(), 2 * np.array([1.5, -2.0]), rtol=1e-6)

@@ -825,3 +825,37 @@ def test_python_only_helpers_on_compile_time_values_run_in_python():
     w[None] = 3.0
     k()
     np.testing.assert_array_equal(x.to_numpy(), np.full(4, 6.0))
+
+
+# ---- a size for every axis, NumPy 0-d arrays as constants ------------------------------------------
+BEGIN = np.array(3, dtype=np.int32)     # module-level NumPy values a kernel reads as constants
+END = np.int64(7)
+SCALE = np.array(0.5, dtype=np.float32)
+
+
+def test_dense_with_one_size_for_two_axes_and_numpy_0d_constants():
+    """Taichi's dense(ti.ij, (n,)) is n x n (its test_oop_inherit_ok); a 0-d NumPy array and a
+    NumPy integer as range bounds and a 0-d float array as a factor are constants (its
+    test_numpy_loops). loss = sum over i in [3, 7), j of SCALE * val[i, j]**2: d/dval = 2 SCALE val
+    there and 0 elsewhere."""
+    n = 8
+    val = ti.field(ti.f32)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    ti.root.dense(ti.ij, (n,)).place(val)
+    ti.root.lazy_grad()
+    assert val.shape == (n, n)
+
+    @ti.kernel
+    def energy():
+        for i in range(BEGIN, END):
+            for j in range(n):
+                loss[None] += SCALE * val[i, j] ** 2
+
+    v = np.random.default_rng(5).uniform(-1, 1, (n, n)).astype(np.float32)
+    val.from_numpy(v)
+    with ti.ad.Tape(loss=loss):
+        energy()
+    want = np.zeros((n, n))
+    want[3:7] = 2 * 0.5 * v[3:7].astype(np.float64)
+    assert_grad(val.grad.to_numpy(), want, what="val")
+    np.testing.assert_allclose(loss[None], 0.5 * (v[3:7].astype(np.float64) ** 2).sum(), rtol=1e-5)

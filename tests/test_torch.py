@@ -524,3 +524,49 @@ def test_a_rollout_of_two_calls_through_an_intermediate_field_has_each_calls_gra
     np.testing.assert_allclose(x1.grad.numpy(), 4 * x1.detach().numpy() ** 3, rtol=1e-6)
     np.testing.assert_allclose(x2.grad.numpy(), 8 * x2.detach().numpy() ** 3, rtol=1e-6)
     np.testing.assert_allclose(h.to_numpy(), x2.detach().numpy() ** 2, rtol=1e-6)
+
+
+def test_field_to_torch_and_from_torch_in_an_autograd_function():
+    """Taichi's test_torch_ad pattern: x.from_torch / y.to_torch in a torch.autograd.Function around
+    y[n-1-i] = x[i]**2 and its kernel.grad; the gradient of sum(y) is 2 x (analytic), reversed
+    fields and all, on every one of several calls. to_torch copies (a later write does not show)."""
+    n = 8
+    x = ti.field(ti.f32, shape=n, needs_grad=True)
+    y = ti.field(ti.f32, shape=n, needs_grad=True)
+
+    @ti.kernel
+    def square_reversed():
+        for i in range(n):
+            y[n - i - 1] = x[i] * x[i]
+
+    class Sqr(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, inp):
+            x.from_torch(inp)
+            square_reversed()
+            return y.to_torch()
+
+        @staticmethod
+        def backward(ctx, g):
+            ti.ad.clear_all_gradients()
+            y.grad.from_torch(g)
+            square_reversed.grad()
+            return x.grad.to_torch()
+
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        v = rng.uniform(-2, 2, n).astype(np.float32)
+        w = rng.uniform(-1, 1, n).astype(np.float32)
+        X = torch.tensor(v, requires_grad=True)
+        out = Sqr.apply(X)
+        np.testing.assert_allclose(out.detach().numpy(), (v.astype(np.float64) ** 2)[::-1], rtol=1e-6)
+        (out * torch.from_numpy(w)).sum().backward()
+        np.testing.assert_allclose(X.grad.numpy(), 2 * v.astype(np.float64) * w[::-1], rtol=1e-6)
+    t = x.to_torch()
+    assert t.dtype == torch.float32 and t.shape == (n,)
+    x.fill(0.0)
+    assert torch.equal(t, torch.from_numpy(v))
+    m = ti.Vector.field(2, ti.f32, shape=3)
+    with pytest.raises(ti.WgpuAdError, match=r"from_torch: expected an array of shape \(3, 2\) \(shape \(3,\) \+ "
+                                             r"element shape \(2,\)\), got shape \(3,\)"):
+        m.from_torch(torch.zeros(3))

@@ -86,7 +86,7 @@ class Recorder:
         """The session's host guard: a Python-scope access inside the step: of a storage (`what`: the
         method), or a kernel's return value or host arrays (`what` says which)."""
         is_storage = hasattr(obj, "gpu_buffer")
-        if not (is_storage and (what.startswith(("fill", "from_numpy", "copy_from")) or "] = " in what)):
+        if not (is_storage and (what.startswith(("fill", "from_numpy", "from_torch", "copy_from")) or "] = " in what)):
             thing = f"{describe(obj)} ({what})" if is_storage else what
             raise WgpuAdError(
                 f"ti.ad.checkpoint: step {self.t} reads {thing} back to Python while it runs. The backward pass "

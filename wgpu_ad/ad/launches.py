@@ -409,6 +409,8 @@ def grad(k, args: tuple):
         Externals.to_host(bound, g.ck, grads=True, inputs=read, kernel=k.__name__)
         return ret
     fwd = k._get(args)[0]
+    if not any(st.needs_grad for group in fwd.accessed(args) for st in group):
+        return None  # nothing it reads or writes has a gradient (integer fields): its adjoint changes nothing
     _require_checked(k, fwd, args)
     if not ad.in_backward:  # a tape checks its launches itself
         _check_versions(k, fwd, args)

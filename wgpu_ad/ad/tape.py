@@ -246,7 +246,7 @@ class Tape:
             raise AutodiffUsageError(f"{what} has dtype {L.dtype}: the loss must be a float field")
         if L.n_scalars != 1:
             raise AutodiffUsageError(f"{what} has shape {L.shape + L.element_shape}: ti.ad.Tape(loss=...) needs a 0-d "
-                              f"field holding one number (shape=()). For several outputs, seed their .grad "
+                              f"{L._kind} holding one number (shape=()). For several outputs, seed their .grad "
                               f"yourself and use ti.ad.Tape() without a loss, then tape.grad()")
         if not L.needs_grad:
             raise AutodiffUsageError(f"{what} has no gradient: create it with needs_grad=True (or call "

@@ -122,6 +122,8 @@ class Validator:
                 changed.append((r, mask))
         if not changed or self._same_outputs(k, final, wrote, now):
             return
+        if len(changed) > 1:  # name the fields whose new values alone change what k computes
+            changed = [c for c in changed if not self._same_outputs(k, final, wrote, now, only=id(c[0]))] or changed
         r, mask = changed[0]
         i = tuple(int(v) for v in np.argwhere(mask)[0])
         n = name_of(r) or "x"
@@ -139,10 +141,11 @@ class Validator:
             f"overwritten). Write the new values to another field, or keep one copy per step "
             f"({n}[t + 1] = f({n}[t]))")
 
-    def _same_outputs(self, k: _Launch, final: dict, wrote: dict, now: dict) -> bool:
+    def _same_outputs(self, k: _Launch, final: dict, wrote: dict, now: dict, only: int | None = None) -> bool:
         """Relaunch k on (its inputs as its adjoint will see them, its outputs as before it ran):
-        same outputs as then? The fields get their values `now` back."""
-        read_ids = {id(s) for s in k.reads}
+        same outputs as then? With `only` (a field's id), just that input as the adjoint will see
+        it, the others as k read them. The fields get their values `now` back."""
+        read_ids = {id(s) for s in k.reads} if only is None else {only}
         start = {}
         for s in k.touched:
             b = k.before[id(s)]

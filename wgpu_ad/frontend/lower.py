@@ -130,8 +130,8 @@ class FuncLowerer(StatementLowering, ExpressionLowering, ast.NodeVisitor):
 
 def _constant(v):
     """Python-scope NumPy values (ti.Vector([...]) outside kernels, np.float32(...)) become
-    compile-time constants: a small array is a constant vector/matrix."""
-    if isinstance(v, np.generic) and v.dtype.kind in "fiub":
+    compile-time constants: a 0-d array is a number, a small array a constant vector/matrix."""
+    if isinstance(v, (np.generic, np.ndarray)) and v.dtype.kind in "fiub" and v.ndim == 0:
         return v.item()
     if isinstance(v, np.ndarray) and v.dtype.kind in "fiub" and v.ndim in (1, 2) and 0 < v.size <= 64:
         return Mat([x.item() for x in v.ravel()], tuple(v.shape))

@@ -57,6 +57,8 @@ class SNode:
         level above also has multiply (nesting changes no index: storage is row-major)."""
         ax = _axes_of(axes)
         dims = dimensions if isinstance(dimensions, (tuple, list)) else (dimensions,) * len(ax)
+        if len(dims) == 1:  # one size for every axis, as Taichi: dense(ti.ij, (n,)) is n x n
+            dims = tuple(dims) * len(ax)
         if len(dims) != len(ax):
             raise WgpuAdError(f"dense({axes!r}, {dimensions!r}): {len(ax)} axes need {len(ax)} sizes")
         if len(set(ax)) != len(ax):

@@ -386,21 +386,34 @@ class Storage(ABC):
 
     def from_numpy(self, arr) -> None:
         """Copy an array of shape shape + element_shape in (float64 -> float32 etc. as NumPy's same_kind)."""
+        self._load(arr, "from_numpy")
+
+    def _load(self, arr, who: str) -> None:
         full = self.shape + self.element_shape
         a = np.asarray(arr)
         if a.shape != full:
             el = f" (shape {self.shape} + element shape {self.element_shape})" if self.element_shape else ""
-            raise WgpuAdError(f"{self._label()}.from_numpy: expected an array of shape {full}{el}, "
+            raise WgpuAdError(f"{self._label()}.{who}: expected an array of shape {full}{el}, "
                               f"got shape {a.shape}")
         if a.dtype.kind not in "biuf" or not np.can_cast(a.dtype, self.dtype.np, casting="same_kind"):
-            raise WgpuAdError(f"{self._label()}.from_numpy: cannot store {a.dtype} data in a {self.dtype} "
+            raise WgpuAdError(f"{self._label()}.{who}: cannot store {a.dtype} data in a {self.dtype} "
                               f"{self._kind} without losing its kind; convert it first, e.g. "
                               f"arr.astype(np.{self.dtype.np.name})")
-        data = _fitted(a, self.dtype, f"{self._label()}.from_numpy")
+        data = _fitted(a, self.dtype, f"{self._label()}.{who}")
         if (guard := _guard()) is not None:
-            guard(self, "from_numpy()")
+            guard(self, f"{who}()")
         _rt.runtime().write(self.gpu_buffer(), np.ascontiguousarray(data))
-        self.wrote("from_numpy")
+        self.wrote(who)
+
+    def to_torch(self, device=None):
+        """A torch tensor holding a copy of the contents (to_numpy's), on `device` (default: the CPU)."""
+        import torch
+        t = torch.from_numpy(self.to_numpy().copy())
+        return t if device is None else t.to(device)
+
+    def from_torch(self, tensor) -> None:
+        """Copy a torch tensor in, as from_numpy (a tensor on a GPU is read back through the CPU)."""
+        self._load(tensor.detach().cpu().numpy(), "from_torch")
 
     def wrote(self, who: str) -> None:
         """Note a write (see version)."""
