@@ -6,7 +6,7 @@ it, with the copies that undo each launch (checkpoint.py's docstring says why).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import WgpuAdError
 from .naming import describe
@@ -22,6 +22,11 @@ class Entry:
     kwargs: dict
     kind: str                  # 'kernel' | 'custom' | 'no_grad' | 'host'
     undo: list                 # (field, its copy from before the write), in order
+    inner: list = field(default_factory=list)  # a no_grad function's launches: (kernel, args)
+
+    def launches(self) -> list:
+        """The kernel launches this entry made."""
+        return [(self.fn, self.args)] if getattr(self.fn, "_wgpu_ad_kernel", False) else self.inner
 
 
 class Recorder:
@@ -58,6 +63,7 @@ class Recorder:
         self._read.update(map(id, reads))
         if self._custom is not None:
             self._custom.undo += undo
+            self._custom.inner.append((kernel, tuple(args)))
         else:
             kind = "no_grad" if getattr(kernel, "_no_grad", False) else "kernel"
             self.entries.append(Entry(kernel, tuple(args), {}, kind, undo))

@@ -14,6 +14,7 @@ from ..session import runtime as get_runtime
 from .. import session
 from .checkpoint_recorder import Recorder
 from .checkpoint_schedules import CheckpointStats, Schedules
+from .launches import zero_overwritten
 from .naming import describe
 
 
@@ -278,6 +279,9 @@ class Run(Schedules):
                     self._release(c)
                 if e.kind == "kernel" or e.kind == "custom":
                     e.fn.grad(*e.args, **e.kwargs)
+                elif e.kind == "no_grad":  # nothing flows back through what it writes
+                    for kernel, args in reversed(e.launches()):
+                        zero_overwritten(kernel, args)
                 elif e.kind == "host" and e.fn.needs_grad:  # nothing depends on the values overwritten
                     index = e.args[0]
                     if index is None:

@@ -391,10 +391,31 @@ def _check_versions(k, lc, args) -> None:
 
 # ---- kernel.grad(*args) -------------------------------------------------------------------------
 
+def zero_overwritten(k, args: tuple) -> None:
+    """The backward pass of a launch of k as a @ti.ad.no_grad kernel (or one launched by a no_grad
+    function): the gradients of the elements it overwrote go to 0, since nothing flows back through
+    what it writes (passes/autodiff/overwritten.py); what it accumulated into passes through."""
+    bound = None
+    if k._ndarrays and k._has_external(args):
+        args, bound = EXTERNALS.to_device(k, args, k._ndarrays, with_grads=True)
+    z, rt = k._get_zeroing(args)
+    if isinstance(z, str):
+        from ..user_code import warn
+        from .flow import GradientWarning
+        warn(f"@ti.ad.no_grad kernel '{k.__name__}' overwrites elements of fields with gradients, and {z}: "
+             f"their gradients are left as the later kernels made them (whatever wrote those elements before "
+             f"gets them). Write those fields in a kernel without @ti.ad.no_grad, or compute the indices from "
+             f"fields", GradientWarning)
+    elif z is not None:
+        launch(z, args, rt)
+        if bound is not None:
+            Externals.to_host(bound, z.ck, grads=True, kernel=k.__name__)
+
+
 def grad(k, args: tuple):
     """kernel.grad(*args): the adjoint of k for these arguments, after the checks above."""
     if k._no_grad:
-        return None  # @ti.ad.no_grad: the kernel has no gradient (Taichi's behaviour)
+        return zero_overwritten(k, args)  # @ti.ad.no_grad: nothing flows back through what it writes
     ad = _session.current().ad
     if ad.fwd is not None:
         raise WgpuAdError(

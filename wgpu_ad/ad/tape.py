@@ -98,7 +98,10 @@ class TapeEntry:
         self.fn(*self.args, **self.kwargs)
 
     def backward(self) -> None:
-        if self.kind == "no_grad":
+        if self.kind == "no_grad":  # nothing flows back through what it writes: zeroed gradients
+            from .launches import zero_overwritten
+            for kernel, args in reversed(self.launches()):
+                zero_overwritten(kernel, args)
             return
         self.fn.grad(*self.args, **self.kwargs)
 

@@ -25,8 +25,11 @@ from ..codegen import generate
 from ..errors import CompileError, debug_enabled
 from ..frontend.kernel import lower_kernel
 from ..ir.nodes import Kernel
+from ..ir.ops import Op
+from ..ir.utils import walk_kernel
 from ..passes.autodiff import CHECKED, CHECKS, DUAL, FORWARD, AdjointRequest, Derivation, NotFusable, adjoint_steps, derive
 from ..passes.autodiff.access import footprint
+from ..passes.autodiff.overwritten import needs_unknown, without_unknown, zeroing_kernel
 from ..passes.pipeline import lower_for_codegen, optimize
 from ..plan import CompiledKernel
 from . import cache
@@ -229,6 +232,25 @@ def compile_adjoint(fwd: Compiled, grads: tuple, opts: CompileOptions, zero: tup
         if slot is not None:
             slot.store(ck)
     return Compiled(ck, fwd.storages, lambda: make_ir()[0], slot)
+
+
+def compile_zeroing(fwd: Compiled, grads: tuple, opts: CompileOptions) -> Compiled | str | None:
+    """The backward pass of a @ti.ad.no_grad kernel (passes/autodiff/overwritten.py): it sets to 0
+    the gradients of the elements the kernel overwrites. None when it overwrites nothing with a
+    gradient; a reason (str) when the elements it overwrites depend on values it cannot recompute."""
+    by_source = dict(zip(fwd.plan.buffers, grads))
+    ir, _ = zeroing_kernel(fwd.ir, lambda b: by_source.get(b.source))
+    if ir is None:
+        return None
+    ir = user_errors(lambda: _optimize(ir, opts))
+    if needs_unknown(ir):
+        return "which elements it overwrites depends on a random number or on the value an atomic returned"
+    if any(isinstance(b.source, (plan.Scratch, plan.Snapshot)) for b in ir.buffers
+           if any(s.attr is b for s in walk_kernel(ir) if s.op is Op.GLOBAL_LOAD)):
+        return "which elements it overwrites depends on values its launch kept (a snapshot or a sum)"
+    ir = without_unknown(ir)
+    ck = user_errors(lambda: _codegen(ir, opts))
+    return Compiled(ck, fwd.storages, lambda: ir, None)
 
 
 def dual_sources(fwd: Compiled, specs: list) -> tuple:

@@ -344,6 +344,17 @@ class Kernel(KernelText):
             if not zero:
                 return g, specs, rt
 
+    def _get_zeroing(self, args):
+        """The backward pass of a @ti.ad.no_grad kernel for these arguments (compile_zeroing):
+        (its Launcher, or None, or why it cannot be made; runtime)."""
+        from ..compiler.driver import compile_zeroing, grad_sources
+        lc, specs, rt = self._get(args)
+        key = ("zeroing", grad_sources(lc.compiled, specs))
+        if key not in lc.grads:
+            c = compile_zeroing(lc.compiled, key[1], _session.current().options)
+            lc.grads[key] = c if c is None or isinstance(c, str) else Launcher(c, specs)
+        return lc.grads[key], rt
+
     # ---- forward mode ---------------------------------------------------------------------
     def _get_dual(self, args):
         """The Launcher of the dual kernel for these arguments (forward mode: the primal values and

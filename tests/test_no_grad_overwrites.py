@@ -1,0 +1,169 @@
+"""@ti.ad.no_grad: nothing flows back through what the kernel writes (docs/autodiff.md). Its
+backward pass was skipped, so the gradient of an element it overwrote, which later kernels gave,
+stayed and went to whatever wrote that element before (Taichi does the same): a silently wrong
+gradient. It now sets those gradients to 0 (passes/autodiff/overwritten.py); an accumulation
+keeps the old value, whose gradient passes through. References are analytic.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import wgpu_ad as ti
+
+N = 4
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    ti.init(offline_cache=False)
+    yield
+    ti.reset()
+
+
+def _fields():
+    x = ti.field(ti.f32, shape=N, needs_grad=True)
+    y = ti.field(ti.f32, shape=N, needs_grad=True)
+    L = ti.field(ti.f32, shape=(), needs_grad=True)
+    x.from_numpy(np.array([1.0, -2.0, 0.5, 3.0], np.float32))
+    return x, y, L
+
+
+def _program(x, y, L):
+    @ti.kernel
+    def double():
+        for i in x:
+            y[i] = 2.0 * x[i]
+
+    @ti.kernel
+    def squares():
+        for i in y:
+            L[None] += y[i] * y[i]
+    return double, squares
+
+
+def test_an_overwrite_by_a_no_grad_kernel_stops_the_gradient_of_the_old_value():
+    x, y, L = _fields()
+    double, squares = _program(x, y, L)
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def pin_first():
+        y[0] = 5.0            # overwrites y[0]: what double wrote there is gone
+
+    with ti.ad.Tape(loss=L):
+        double()
+        pin_first()
+        squares()
+    xs = x.to_numpy().astype(np.float64)
+    # L = 25 + sum_{i >= 1} (2 x_i)^2: dL/dx_0 = 0 (it was 2 * 2 * 5 * ... through y[0]: 40), dL/dx_i = 8 x_i
+    want = 8 * xs
+    want[0] = 0.0
+    np.testing.assert_allclose(x.grad.to_numpy(), want, rtol=1e-6)
+    assert L[None] == pytest.approx(25 + (4 * xs[1:] ** 2).sum(), rel=1e-6)
+
+
+def test_an_accumulation_by_a_no_grad_kernel_passes_the_gradient_through():
+    x, y, L = _fields()
+    double, squares = _program(x, y, L)
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def nudge():
+        for i in y:
+            y[i] += 0.25 * x[i]  # no gradient flows into x from here; y's old value keeps its own
+
+    with ti.ad.Tape(loss=L):
+        double()
+        nudge()
+        squares()
+    xs = x.to_numpy().astype(np.float64)
+    # y = 2x + c (c constant): dL/dx = 2 y 2 = 4 (2.25 x)
+    np.testing.assert_allclose(x.grad.to_numpy(), 4 * 2.25 * xs, rtol=1e-6)
+
+
+def test_a_no_grad_function_and_kernel_grad_by_hand_zero_what_they_overwrite():
+    x, y, L = _fields()
+    double, squares = _program(x, y, L)
+
+    @ti.kernel
+    def reset_tail(v: ti.f32):
+        for i in range(2, N):
+            y[i] = v
+
+    @ti.ad.no_grad
+    def reset(v):
+        reset_tail(v)
+
+    with ti.ad.Tape(loss=L):
+        double()
+        reset(1.0)
+        squares()
+    xs = x.to_numpy().astype(np.float64)
+    np.testing.assert_allclose(x.grad.to_numpy(), [8 * xs[0], 8 * xs[1], 0.0, 0.0], rtol=1e-6)
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def clear():
+        for i in y:
+            y[i] = 0.0
+
+    y.grad.fill(3.0)
+    clear()
+    clear.grad()
+    np.testing.assert_array_equal(y.grad.to_numpy(), 0.0)
+
+
+def test_in_a_checkpointed_step_too():
+    x = ti.field(ti.f32, shape=N, needs_grad=True)
+    s = ti.field(ti.f32, shape=N, needs_grad=True)
+    L = ti.field(ti.f32, shape=(), needs_grad=True)
+    x.from_numpy(np.array([1.0, -2.0, 0.5, 3.0], np.float32))
+
+    @ti.kernel
+    def grow():
+        for i in s:
+            s[i] = s[i] * 1.5 + x[i]
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def cap_last():
+        s[N - 1] = 1.0
+
+    @ti.kernel
+    def total():
+        for i in s:
+            L[None] += s[i]
+
+    def step(t):
+        grow()
+        cap_last()
+
+    with ti.ad.Tape(loss=L):
+        ti.ad.checkpoint(step, 3, state=[s])
+        total()
+    # s_i after 3 steps (i < N - 1) = x_i (1 + 1.5 + 1.5^2): dL/dx_i = 4.75; the last element is
+    # overwritten by cap_last at every step: 0
+    np.testing.assert_allclose(x.grad.to_numpy(), [4.75, 4.75, 4.75, 0.0], rtol=1e-6)
+
+
+def test_indices_it_cannot_recompute_are_said_not_guessed():
+    x, y, L = _fields()
+    double, squares = _program(x, y, L)
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def scramble():
+        y[int(ti.random() * N) % N] = 0.0
+
+    with pytest.warns(ti.ad.GradientWarning) as w:
+        with ti.ad.Tape(loss=L):
+            double()
+            scramble()
+            squares()
+    said = [str(m.message) for m in w if "no_grad" in str(m.message)]
+    assert said == ["@ti.ad.no_grad kernel 'scramble' overwrites elements of fields with gradients, and which "
+                    "elements it overwrites depends on a random number or on the value an atomic returned: their "
+                    "gradients are left as the later kernels made them (whatever wrote those elements before gets "
+                    "them). Write those fields in a kernel without @ti.ad.no_grad, or compute the indices from "
+                    "fields"]

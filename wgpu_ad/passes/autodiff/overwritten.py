@@ -1,0 +1,101 @@
+"""The backward pass of a @ti.ad.no_grad kernel: the gradients of the elements it overwrote, set to 0.
+
+A no_grad kernel is a constant for autodiff: nothing flows back through what it writes. When it
+stores `y[i] = v`, the value y[i] held before is gone, so whatever computed that value gets no
+gradient from the later uses of y[i]; but y.grad[i], which the adjoints after it on the tape
+filled, would still hold those uses' gradient if the backward pass skipped the kernel, and the
+kernel that wrote y[i] before it would pass that gradient on (Taichi's no_grad does: a silently
+wrong gradient). An accumulation `y[i] += v` keeps the old value (its derivative is 1), so y.grad
+passes through unchanged, as skipping gives.
+
+So the backward pass of a no_grad kernel is this kernel, made from its forward IR: each plain
+store to a float buffer that has a gradient becomes a store of 0 to that gradient at the same
+index; every other store, atomic, print and assert goes. What remains computes only the indices
+and the control flow of those stores, from the fields as they are at the backward pass (as every
+adjoint replays its forward). A value it cannot recompute there (a random number, the old value an
+atomic returned) that the indices or the control flow need makes it unavailable (`why`).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ...ir.clone import clone_kernel
+from ...ir.nodes import Block, Buffer, Kernel, Stmt
+from ...ir.ops import Op
+from ...ir.utils import walk_kernel
+from ...types import i32
+
+# the name of a stand-in buffer for values the zeroing kernel cannot recompute: loads of it are
+# removed when unused
+_UNKNOWN = "no_grad.unknown"
+
+
+def _is_unknown(b: Buffer) -> bool:
+    return b.source is None and b.name == _UNKNOWN
+
+
+def zeroing_kernel(kernel: Kernel, grad_source: Callable) -> tuple[Kernel | None, list]:
+    """(the IR that zeroes the gradients of the elements `kernel` overwrites, or None when it
+    overwrites none; the grad sources it writes, by position of its buffers). The IR still needs
+    optimising; `needs_unknown(ir)` afterwards says whether it is usable."""
+    k = clone_kernel(kernel)
+    unknown = Buffer(_UNKNOWN, i32, None)
+    grads: dict[int, Buffer] = {}
+    by_source = {b.source: b for b in k.buffers}
+
+    def grad_of(b: Buffer) -> Buffer | None:
+        if not b.dtype.is_float or b.grad or b.source is None:
+            return None
+        src = grad_source(b)
+        if src is None:
+            return None
+        g = grads.get(id(b))
+        if g is None:
+            g = by_source.get(src) or Buffer(b.name + ".grad", b.dtype, src, grad=True, vector=b.vector)
+            by_source[src] = grads[id(b)] = g
+        return g
+
+    def rewrite(block: Block) -> None:
+        out = []
+        for s in block.stmts:
+            for b in s.blocks:
+                rewrite(b)
+            if s.op is Op.GLOBAL_STORE:
+                g = grad_of(s.attr)
+                if g is not None:
+                    zero = Stmt(Op.CONST, s.attr.dtype, [], 0.0, loc=s.loc)
+                    out += [zero, Stmt(Op.GLOBAL_STORE, None, [s.args[0], zero], g, loc=s.loc, index=s.index)]
+                continue
+            if s.op in (Op.ATOMIC, Op.RANDOM):  # (its value, when something still needs it, is unknown)
+                zero = Stmt(Op.CONST, i32, [], 0, loc=s.loc)
+                s.op, s.args, s.attr, s.blocks, s.index = Op.GLOBAL_LOAD, [zero], unknown, [], None
+                out += [zero, s]  # (the same statement: its uses stay its uses)
+                continue
+            if s.op in (Op.PRINT, Op.ASSERT):
+                continue
+            out.append(s)
+        block.stmts = out
+
+    for t in k.tasks:
+        for blk in (t.bounds, t.body, t.epilogue):
+            rewrite(blk)
+    if not grads:
+        return None, []
+    have = {id(b) for b in k.buffers}
+    for g in grads.values():
+        if id(g) not in have:
+            have.add(id(g))
+            k.buffers.append(g)
+    k.buffers.append(unknown)
+    k.uses_random = False
+    return k, [g.source for g in grads.values()]
+
+
+def needs_unknown(kernel: Kernel) -> bool:
+    """Whether the optimised zeroing kernel still needs a value it cannot recompute."""
+    return any(s.op is Op.GLOBAL_LOAD and _is_unknown(s.attr) for s in walk_kernel(kernel))
+
+
+def without_unknown(kernel: Kernel) -> Kernel:
+    kernel.buffers = [b for b in kernel.buffers if not _is_unknown(b)]
+    return kernel
