@@ -167,3 +167,34 @@ def test_indices_it_cannot_recompute_are_said_not_guessed():
                     "gradients are left as the later kernels made them (whatever wrote those elements before gets "
                     "them). Write those fields in a kernel without @ti.ad.no_grad, or compute the indices from "
                     "fields"]
+
+
+def test_in_forward_mode_what_it_overwrites_has_no_tangent():
+    x = ti.field(ti.f32, shape=N, needs_dual=True)
+    y = ti.field(ti.f32, shape=N, needs_dual=True)
+    L = ti.field(ti.f32, shape=(), needs_dual=True)
+    x.from_numpy(np.array([1.0, -2.0, 0.5, 3.0], np.float32))
+
+    @ti.kernel
+    def double():
+        for i in x:
+            y[i] = 2.0 * x[i]
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def pin_first():
+        y[0] = 5.0
+
+    @ti.kernel
+    def squares():
+        for i in y:
+            L[None] += y[i] * y[i]
+
+    seed = [1.0, 1.0, 1.0, 1.0]
+    with ti.ad.FwdMode(loss=L, param=x, seed=seed):
+        double()
+        pin_first()
+        squares()
+    xs = x.to_numpy().astype(np.float64)
+    # dL = sum_{i >= 1} 8 x_i dx_i (y[0] = 5 is a constant): it was 2 y_0 * 2 = 20 more
+    assert L.dual[None] == pytest.approx((8 * xs[1:]).sum(), rel=1e-6)

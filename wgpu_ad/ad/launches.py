@@ -84,6 +84,8 @@ def launch_observed(k, args: tuple, s, ad):
     else:
         ret = launch(lc, args + k._keep.scratch(lc, taped), rt)
     _note_versions(k, lc, args, s)
+    if ad.fwd is not None:  # a no_grad launch in forward mode: what it overwrote has no tangent
+        zero_overwritten(k, args, duals=True)
     return ret
 
 
@@ -112,6 +114,8 @@ def launch_external(k, args: tuple, s, ad):
     else:
         ret = launch(lc, dev + k._keep.scratch(fwd, taped), rt)
     Externals.to_host(bound, lc.ck, grads=False)
+    if ad.fwd is not None and lc is fwd:  # a no_grad launch in forward mode: see launch_observed
+        zero_overwritten(k, dev, duals=True)
     return ret
 
 
@@ -391,24 +395,27 @@ def _check_versions(k, lc, args) -> None:
 
 # ---- kernel.grad(*args) -------------------------------------------------------------------------
 
-def zero_overwritten(k, args: tuple) -> None:
+def zero_overwritten(k, args: tuple, duals: bool = False) -> None:
     """The backward pass of a launch of k as a @ti.ad.no_grad kernel (or one launched by a no_grad
     function): the gradients of the elements it overwrote go to 0, since nothing flows back through
-    what it writes (passes/autodiff/overwritten.py); what it accumulated into passes through."""
+    what it writes (passes/autodiff/overwritten.py); what it accumulated into passes through. With
+    duals=True, right after such a launch in forward mode: their tangents go to 0."""
     bound = None
     if k._ndarrays and k._has_external(args):
-        args, bound = EXTERNALS.to_device(k, args, k._ndarrays, with_grads=True)
-    z, rt = k._get_zeroing(args)
+        args, bound = EXTERNALS.to_device(k, args, k._ndarrays, with_grads=not duals)
+    z, rt = k._get_zeroing(args, duals)
     if isinstance(z, str):
         from ..user_code import warn
         from .flow import GradientWarning
-        warn(f"@ti.ad.no_grad kernel '{k.__name__}' overwrites elements of fields with gradients, and {z}: "
-             f"their gradients are left as the later kernels made them (whatever wrote those elements before "
-             f"gets them). Write those fields in a kernel without @ti.ad.no_grad, or compute the indices from "
-             f"fields", GradientWarning)
+        left = ("their tangents are left as they were (the kernels after it read the tangents of the values "
+                "it replaced)") if duals else ("their gradients are left as the later kernels made them (whatever "
+                                               "wrote those elements before gets them)")
+        warn(f"@ti.ad.no_grad kernel '{k.__name__}' overwrites elements of fields with "
+             f"{'tangents' if duals else 'gradients'}, and {z}: {left}. Write those fields in a kernel without "
+             f"@ti.ad.no_grad, or compute the indices from fields", GradientWarning)
     elif z is not None:
         launch(z, args, rt)
-        if bound is not None:
+        if bound is not None and not duals:
             Externals.to_host(bound, z.ck, grads=True, kernel=k.__name__)
 
 

@@ -344,12 +344,13 @@ class Kernel(KernelText):
             if not zero:
                 return g, specs, rt
 
-    def _get_zeroing(self, args):
-        """The backward pass of a @ti.ad.no_grad kernel for these arguments (compile_zeroing):
+    def _get_zeroing(self, args, duals: bool = False):
+        """The backward pass of a @ti.ad.no_grad kernel for these arguments (compile_zeroing), or
+        with duals=True what follows it in forward mode (the duals of what it overwrote to 0):
         (its Launcher, or None, or why it cannot be made; runtime)."""
-        from ..compiler.driver import compile_zeroing, grad_sources
+        from ..compiler.driver import compile_zeroing, dual_sources, grad_sources
         lc, specs, rt = self._get(args)
-        key = ("zeroing", grad_sources(lc.compiled, specs))
+        key = ("zeroing", (dual_sources if duals else grad_sources)(lc.compiled, specs))
         if key not in lc.grads:
             c = compile_zeroing(lc.compiled, key[1], _session.current().options)
             lc.grads[key] = c if c is None or isinstance(c, str) else Launcher(c, specs)
