@@ -104,9 +104,10 @@ def test_forward_only_launches_are_not_checked():
     (lc,) = scatter._cache.values()
     assert not any(isinstance(src, plan.Shadow) for src in lc.plan.buffers)
     assert lc.compiled.shadowed == (plan.Field(_field_index(lc, y)),)
-    with pytest.raises(ti.WgpuAdError, match=r"scatter.grad\(\): kernel 'scatter' indexes a field by values the "
-                                             r"compiler cannot prove safe for reverse mode"):
-        scatter.grad()
+    # nothing it reads or writes has a gradient: its adjoint would change nothing, and does nothing
+    # (it refused before, as for a launch whose indices were not checked; Taichi's test_mod)
+    assert scatter.grad() is None
+    assert y.to_numpy()[0] == 14.0
 
 
 def _field_index(lc, field) -> int:
