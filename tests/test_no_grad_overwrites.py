@@ -198,3 +198,37 @@ def test_in_forward_mode_what_it_overwrites_has_no_tangent():
     xs = x.to_numpy().astype(np.float64)
     # dL = sum_{i >= 1} 8 x_i dx_i (y[0] = 5 is a constant): it was 2 y_0 * 2 = 20 more
     assert L.dual[None] == pytest.approx((8 * xs[1:]).sum(), rel=1e-6)
+
+
+def test_stop_grad_of_a_field_the_kernel_overwrites_stops_the_old_values_gradient_too():
+    """ti.stop_grad(y) in a kernel that stores to y: nothing flows from the new values, and the
+    old ones are gone: their gradient is 0 (it was passed on to what wrote them: 2 instead of 0),
+    in reverse and in forward mode."""
+    x = ti.field(ti.f32, shape=(), needs_grad=True, needs_dual=True)
+    y = ti.field(ti.f32, shape=(), needs_grad=True, needs_dual=True)
+    L = ti.field(ti.f32, shape=(), needs_grad=True, needs_dual=True)
+
+    @ti.kernel
+    def double():
+        y[None] = 2.0 * x[None]
+
+    @ti.kernel
+    def replace():
+        ti.stop_grad(y)
+        y[None] = 3.0 * x[None]
+
+    @ti.kernel
+    def copy():
+        L[None] = y[None]
+
+    x[None] = 1.0
+    with ti.ad.Tape(loss=L):
+        double()
+        replace()
+        copy()
+    assert L[None] == 3.0 and x.grad[None] == 0.0  # L = 3x with the 3x stopped: dL/dx = 0
+    with ti.ad.FwdMode(loss=L, param=x):
+        double()
+        replace()
+        copy()
+    assert L.dual[None] == 0.0

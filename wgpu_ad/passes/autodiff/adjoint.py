@@ -67,10 +67,14 @@ def gradients(s: Derivation) -> Derivation:
     primal buffer (and snapshot: its field's) to its gradient."""
     k, primal = s.ir, s.primal
     grads: dict[int, Buffer] = {}
+    stopped: dict[int, Buffer] = {}
     buffers = list(k.buffers)
     by_source = {b.source: b for b in buffers}
+    stored = {id(x.attr) for t in k.tasks for x in walk(t.body) if x.op is Op.GLOBAL_STORE}
     for b in k.buffers:
-        if b.grad or not b.dtype.is_float or b.source in primal.no_grad:  # ti.stop_grad(field)
+        if b.grad or not b.dtype.is_float:
+            continue
+        if b.source in primal.no_grad and id(b) not in stored:  # ti.stop_grad(field), only read
             continue
         src = s.request.grad_source(b)
         if src is None:
@@ -79,12 +83,12 @@ def gradients(s: Derivation) -> Derivation:
         if g is None:
             g = Buffer(b.name + ".grad", b.dtype, src, grad=True, vector=b.vector)
             buffers.append(g)
-        grads[id(b)] = g
+        (stopped if b.source in primal.no_grad else grads)[id(b)] = g
     for base, snap in s.plan.snapshots:  # a snapshot's gradient is its field's
         if id(base) in grads:
             grads[id(snap)] = grads[id(base)]
     k.buffers = buffers
-    return s.with_plan(grads=grads)
+    return s.with_plan(grads=grads, stopped=stopped)
 
 
 def normalize(s: Derivation) -> Derivation:
@@ -99,6 +103,16 @@ def _task_grads(s: Derivation, orig) -> dict:
     base_of = {id(snap): base for base, snap in s.plan.snapshots}
     by_id = {id(b): b for b in s.ir.buffers}
     return {i: g for i, g in grads.items() if base_of.get(i, by_id[i]).source not in orig.no_grad}
+
+
+def _task_stopped(s: Derivation, orig) -> dict:
+    """The gradients of the buffers a ti.stop_grad names (the kernel's or this task's loop's) that
+    a store in the task consumes all the same (AdjointEmitter.stopped)."""
+    out = dict(s.plan.stopped)
+    if orig.no_grad:
+        by_id = {id(b): b for b in s.ir.buffers}
+        out.update((i, g) for i, g in s.plan.grads.items() if by_id[i].source in orig.no_grad)
+    return out
 
 
 def _pairs(s: Derivation):
@@ -159,7 +173,8 @@ def reverse(s: Derivation) -> Derivation:
         effects = p.fuse and not emitted  # the last task: its adjoint does the forward's writes too
         skip = split.skip if split is not None else gather.skip if gather is not None else frozenset()
         em = AdjointEmitter(k, tg, stack, flags if split is None else frozenset(), skip=skip,
-                            double=split.double if split is not None else frozenset(), effects=effects, nan=nan())
+                            double=split.double if split is not None else frozenset(), effects=effects, nan=nan(),
+                            stopped=_task_stopped(s, orig))
         main = em.task(t)
         if gather is not None:  # runs first: it reads the outputs' gradients the main adjoint consumes
             gt = merge_groups([AdjointEmitter(k, tg, stack, skip=skip_g, nan=nan(), consume=False).task(g)
@@ -226,7 +241,8 @@ def adjoint_steps(kernel: Kernel, request) -> list:
         for x in walk(t.body):
             if x.op is Op.GLOBAL_STORE or x.op is Op.ATOMIC:
                 b = x.attr[1] if x.op is Op.ATOMIC else x.attr
-                if b.dtype.is_float and not b.grad and b.source not in kernel.no_grad and grad_source(b) is not None:
+                stopped = b.source in kernel.no_grad and x.op is Op.ATOMIC  # (a store consumes the gradient)
+                if b.dtype.is_float and not b.grad and not stopped and grad_source(b) is not None:
                     return ADJOINT
     return NOTHING
 

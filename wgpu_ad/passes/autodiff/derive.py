@@ -75,6 +75,9 @@ class AdjointPlan:
     shadows: tuple = ()                                     # instrument
     fuse: bool = False                                      # fuse: the last task's adjoint does its writes
     grads: dict = field(default_factory=dict)               # gradients: id(primal buffer) -> gradient buffer
+    # gradients: those of buffers ti.stop_grad names that the kernel stores to: a store still sets
+    # the stored element's gradient to 0 (the old value is gone), and nothing else flows
+    stopped: dict = field(default_factory=dict)
     flags: tuple = ()                                       # normalize: per task, its break/continue flags
     splits: tuple = ()                                      # symmetry, transpose: per task, a Split or None
     gathers: tuple = ()                                     # stencil: per task, a Gather or None

@@ -39,6 +39,7 @@ class TangentEmitter(RuleBuilder):
     def __init__(self, kernel: Kernel, duals: dict[int, Buffer]):
         self.kernel = kernel
         self.duals = duals              # id(primal Buffer) -> its dual Buffer
+        self.stopped: dict = {}         # the same, for buffers ti.stop_grad names (stores: zero tangents)
         self.b = Builder()
         self.pm: dict[int, object] = {}   # primal stmt (or task) -> its copy
         self.tm: dict[int, Stmt | None] = {}  # primal stmt -> its tangent (None: zero)
@@ -148,6 +149,9 @@ class TangentEmitter(RuleBuilder):
             if dual is not None:
                 t = b.emit(Op.GLOBAL_STORE, [n.args[0], self.tangent(s.args[1])], None, dual)
                 t.index = s.index
+            elif id(s.attr) in self.stopped:  # ti.stop_grad(field): the new value has no tangent
+                t = b.emit(Op.GLOBAL_STORE, [n.args[0], self.zero], None, self.stopped[id(s.attr)])
+                t.index = s.index
         elif op is Op.ATOMIC:
             self.atomic(s, n)
         elif op in DIFFERENTIABLE and id(s) in self.active:
@@ -249,8 +253,10 @@ def dual_kernel(kernel: Kernel, dual_source: Callable[[Buffer], object]) -> Kern
     for t in kernel.tasks:  # ti.stop_grad(x): x carries no tangent, in the kernel or in that task
         stopped = kernel.no_grad | t.no_grad
         em.duals = {i: d for i, d in duals.items() if by_id[i].source not in stopped} if stopped else duals
+        # (a store to one still gives the stored element a zero tangent: its old value is gone)
+        em.stopped = {i: d for i, d in duals.items() if by_id[i].source in stopped} if stopped else {}
         tasks.append(em.task(t))
-    em.duals = duals
+    em.duals, em.stopped = duals, {}
     out = Kernel(kernel.name + "_dual", tasks, list(kernel.args), buffers, kernel.ret, kernel.uses_random,
                  kernel.debug, kernel.loc)
     # analyses read multi-indices through loop_dims, which name the primal's statements (as clones do)

@@ -30,8 +30,11 @@ class AdjointEmitter(RuleBuilder):
 
     def __init__(self, kernel: Kernel, grads: dict[int, Buffer], stack_size: int, flags: set = frozenset(),
                  skip: set = frozenset(), double: set = frozenset(), effects: bool = False,
-                 nan: NanChecks | None = None, consume: bool = True):
+                 nan: NanChecks | None = None, consume: bool = True, stopped: dict | None = None):
         self.kernel = kernel
+        # id(primal buffer) -> its gradient, for buffers a ti.stop_grad names: a store to one still
+        # consumes the element's gradient (its old value is gone), nothing flows from it
+        self.stopped = stopped or {}
         self.nan = nan                  # the NaN / Inf checks (check_nan), or None
         self.skip = skip                # ids of global loads left out of the differentiation
         self.double = double            # ids of global loads whose gradient counts twice (symmetry.py)
@@ -238,6 +241,9 @@ class AdjointEmitter(RuleBuilder):
                     # in this kernel or an earlier one, must see in the backward pass; Taichi's rule)
                     if self.consume:
                         b.emit(Op.GLOBAL_STORE, [idx, b.const(0.0, f32)], None, gbuf)
+                elif id(s.attr) in self.stopped and self.consume:
+                    gbuf, idx = self.stopped[id(s.attr)], self.pm[id(s.args[0])]
+                    b.emit(Op.GLOBAL_STORE, [idx, b.const(0.0, f32)], None, gbuf)
             elif op is Op.ATOMIC:
                 self.rev_atomic(s)
             elif op in DIFFERENTIABLE and id(s) in self.active:
