@@ -329,8 +329,113 @@ def field(dtype, shape, needs_grad=False, needs_dual=False):
 ndarray = field
 
 
+# ---- gradients stopped on purpose ----------------------------------------------------------
+# ti.stop_grad and @ti.ad.no_grad cut a path on purpose: the reference derivative is that of the
+# program with what they stop held at its unperturbed value. Central differences get it from a
+# recorded run: the unperturbed run (record) keeps, per kernel launch, every value ti.stop_grad
+# returned, the fields ti.stop_grad(field) named as they were at the launch, and what each
+# @ti.ad.no_grad launch added to each element; the perturbed runs (replay) return those values,
+# read those fields as they were, and add those offsets instead of running the no_grad kernel (no
+# backward at all: the gradient of what it overwrote passes through unchanged, as in Taichi).
+# Perturbed runs take the same branches (their inputs are MARGIN away from any switch), so the
+# n-th stop_grad of a launch is the same one in both.
+
+class _Stops:
+    def __init__(self):
+        self.mode = "off"        # "off" (identity), "record" or "replay"
+        self.fields: list = []   # every field of the program (what a no_grad launch may change)
+        self.top = 0             # the program's launch being run (a checkpoint runs several kernels)
+        self.sub = 0             # kernels run so far in it
+        self.log: dict = {}      # (top, sub) -> [values], {id(field): its dict}, no_grad offsets
+        self.cur = None
+        self.pos = 0
+        self.frozen: list = []   # replay: (field, its dict) put back when the kernel ends
+
+    def launch(self, top: int) -> None:
+        self.top, self.sub = top, 0
+
+    def run_kernel(self, fn, no_grad: bool, args):
+        key = (self.top, self.sub)
+        self.sub += 1
+        if self.mode == "record":
+            self.cur = self.log[key] = ([], {}, [])
+            if no_grad:
+                pre = [dict(f.d) for f in self.fields]
+                out = fn(*args)
+                self.cur[2].extend((f, k, _minus(v, d0[k])) for f, d0 in zip(self.fields, pre)
+                                   for k, v in f.d.items() if v != d0[k])
+                return out
+            return fn(*args)
+        self.cur, self.pos = self.log[key], 0
+        if no_grad:
+            for f, k, dv in self.cur[2]:
+                f.d[k] = _plus(f.d[k], dv)
+            return None
+        try:
+            out = fn(*args)
+        finally:
+            for f, d in self.frozen:
+                f.d = d
+            self.frozen = []
+        assert self.pos == len(self.cur[0]), "a perturbed run met another number of ti.stop_grad calls"
+        return out
+
+    def stop(self, x):
+        if isinstance(x, Field):
+            if self.mode == "record" and id(x) not in self.cur[1]:
+                self.cur[1][id(x)] = dict(x.d)   # the kernel does not write it: as it was at the launch
+            elif self.mode == "replay" and all(f is not x for f, _ in self.frozen):
+                self.frozen.append((x, x.d))
+                x.d = self.cur[1][id(x)]
+            return None
+        if self.mode == "record":
+            self.cur[0].append(_copy(x))
+        elif self.mode == "replay":
+            assert self.pos < len(self.cur[0]), "a perturbed run met more ti.stop_grad calls"
+            x = self.cur[0][self.pos]
+            self.pos += 1
+        return _copy(x)
+
+
+def _copy(x):
+    return Vec(list(x.e), x.shape) if isinstance(x, Vec) else x
+
+
+def _minus(a, b):
+    return [x - y for x, y in zip(a, b)] if isinstance(a, list) else a - b
+
+
+def _plus(a, b):
+    return [x + y for x, y in zip(a, b)] if isinstance(a, list) else a + b
+
+
+stops = _Stops()
+
+
+def stop_grad(x):
+    return stops.stop(x)
+
+
 def kernel(fn):
-    return fn
+    def launch(*args):
+        return fn(*args) if stops.mode == "off" else stops.run_kernel(fn, launch.no_grad, args)
+    launch.no_grad = False
+    return launch
+
+
+class _AdNS:
+    @staticmethod
+    def no_grad(k):
+        k.no_grad = True
+        return k
+
+    @staticmethod
+    def checkpoint(step, steps, state, snapshots=None, schedule="revolve"):
+        for t in range(steps):
+            step(t)
+
+
+ad = _AdNS()
 
 
 def func(fn):
