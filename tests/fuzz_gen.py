@@ -45,7 +45,7 @@ reads every element of every float field into the loss.
 
 Gradients stopped on purpose, and checkpoints (drawn from an RNG of their own, so that the rest
 of a program is what the generator wrote before them): in about two fifths of the programs some
-expressions are wrapped in ti.stop_grad(...); a kernel sometimes starts its loop with
+expressions (scalars, vectors, matrices) are wrapped in ti.stop_grad(...); a kernel sometimes starts its loop with
 ti.stop_grad(x) for a field x the loop reads and the kernel does not write; a kernel is sometimes
 @ti.ad.no_grad; and a kernel launched once, returning nothing, sometimes becomes the step of
 ti.ad.checkpoint(step, 2 or 3, [every field it writes but the loss], None, schedule). The
@@ -301,6 +301,12 @@ class Generator:
         return f"ti.Vector([{self.leaf(sc)}, {self.leaf(sc)}])"
 
     def vexpr(self, sc: _Scope, d: int = 2) -> str:
+        u = self.vexpr_of(sc, d)
+        if self.stops and d > 0 and self.frng.random() < 0.03:
+            return f"ti.stop_grad({u})"  # a vector held fixed
+        return u
+
+    def vexpr_of(self, sc: _Scope, d: int) -> str:
         if d <= 0 or self.chance(0.4):
             return self.vleaf(sc)
         r = int(self.rng.integers(5 if self.matrices else 4))
@@ -344,6 +350,12 @@ class Generator:
 
     def mexpr(self, sc: _Scope, size: int, d: int = 1) -> str:
         """A size x size matrix expression; a product is halved, so that nested ones stay O(1)."""
+        a = self.mexpr_of(sc, size, d)
+        if self.stops and d > 0 and self.frng.random() < 0.05:
+            return f"ti.stop_grad({a})"  # a matrix held fixed
+        return a
+
+    def mexpr_of(self, sc: _Scope, size: int, d: int) -> str:
         if d <= 0 or self.chance(0.4):
             return self.mleaf(sc, size)
         m = lambda: self.mexpr(sc, size, d - 1)  # noqa: E731
