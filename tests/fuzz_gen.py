@@ -43,9 +43,9 @@ fields the kernel does not write at the parallel index plus a constant offset un
 (`if 0 <= i + 1 < n: ... a[i + 1]`), whose adjoints are scatters or gathers. The last kernel
 reads every element of every float field into the loss.
 
-Gradients stopped on purpose, and checkpoints (drawn from an RNG of their own, so that the rest
-of a program is what the generator wrote before them): in about two fifths of the programs some
-expressions (scalars, vectors, matrices) are wrapped in ti.stop_grad(...); a kernel sometimes starts its loop with
+Gradients stopped on purpose, and checkpoints (drawn from an RNG of their own, so that they
+change little else of a program): in about two fifths of the programs some scalar, vector and
+matrix expressions are wrapped in ti.stop_grad(...); a kernel sometimes starts its loop with
 ti.stop_grad(x) for a field x the loop reads and the kernel does not write; a kernel is sometimes
 @ti.ad.no_grad; and a kernel launched once, returning nothing, sometimes becomes the step of
 ti.ad.checkpoint(step, 2 or 3, [every field it writes but the loss], None, schedule). The
