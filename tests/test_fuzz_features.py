@@ -13,7 +13,7 @@ import pytest
 
 from fuzz_gen import Program, generate
 
-CI_SEEDS = range(112)   # tests/test_fuzz.py's default WGPU_AD_FUZZ_EXAMPLES
+CI_SEEDS = range(100)   # tests/test_fuzz.py's default WGPU_AD_FUZZ_EXAMPLES
 
 # feature -> a pattern of the program's source
 FEATURES = {
@@ -28,10 +28,10 @@ FEATURES = {
     "float scalar argument": r"\bc0: ti\.f32\b",
     "template argument": r"\w+: ti\.template\(\)",
 }
-# how many of the 112 programs must have each (about half of what the generator gives today)
-AT_LEAST = {"ti.stop_grad(value)": 15, "ti.stop_grad(field) in a loop": 15, "@ti.ad.no_grad kernel": 8,
-            "ti.ad.checkpoint": 12, "while loop": 8, "while loop with a condition on data": 5,
-            "ndarray argument": 20, "kernel returning a value": 5, "float scalar argument": 20,
+# how many of the 100 programs must have each (about half of what the generator gives today)
+AT_LEAST = {"ti.stop_grad(value)": 15, "ti.stop_grad(field) in a loop": 15, "@ti.ad.no_grad kernel": 6,
+            "ti.ad.checkpoint": 8, "while loop": 8, "while loop with a condition on data": 5,
+            "ndarray argument": 20, "kernel returning a value": 4, "float scalar argument": 20,
             "template argument": 25}
 
 
@@ -39,7 +39,7 @@ def test_every_feature_is_generated_in_ci_seeds():
     sources = [generate(s).source for s in CI_SEEDS]
     counts = {name: sum(bool(re.search(p, src, re.M)) for src in sources) for name, p in FEATURES.items()}
     low = {name: (c, AT_LEAST[name]) for name, c in counts.items() if c < AT_LEAST[name]}
-    assert not low, f"features generated too rarely in seeds 0-111 (count, needed): {low}"
+    assert not low, f"features generated too rarely in seeds 0-99 (count, needed): {low}"
 
 
 def test_generation_is_deterministic():
