@@ -47,7 +47,7 @@ Gradients stopped on purpose, and checkpoints (drawn from an RNG of their own, s
 change little else of a program): in about two fifths of the programs some scalar, vector and
 matrix expressions are wrapped in ti.stop_grad(...); a kernel sometimes starts its loop with
 ti.stop_grad(x) for a field x the loop reads and the kernel does not write; a kernel is sometimes
-@ti.ad.no_grad; and a kernel launched once, returning nothing, sometimes becomes the step of
+@ti.ad.no_grad (one that only accumulates: see kernel()); and a kernel launched once, returning nothing, sometimes becomes the step of
 ti.ad.checkpoint(step, 2 or 3, [every field it writes but the loss], None, schedule). The
 shim's central differences hold what is stopped at its unperturbed value (fuzz_shim.py says how).
 A `while` loop's condition sometimes has a condition on data too (`while k < 3 and e < c:`).
@@ -719,7 +719,11 @@ class Generator:
         # read what its top level overwrites (the next launch would overwrite what this one read)
         repeat = bool(self.k.args) and rec is None and ext is None and self.chance(0.4)
         written = [t for t, _ in targets if t != "loss"] + [f for f in (pro, rec, scat, ext) if f is not None]
-        no_grad = self.frng.random() < 0.08   # run forward, no backward: its writes are offsets
+        # @ti.ad.no_grad: run forward, no backward. Only for a kernel that only accumulates (+=):
+        # the gradient of what it adds to passes it unchanged whether its writes count as constant
+        # offsets or as skipped (Taichi); for an overwrite the two differ (docs/autodiff.md)
+        only_adds = all(how == "add" for _, how in targets) and not (pro or rec or scat or ext)
+        no_grad = only_adds and self.frng.random() < 0.4
         if no_grad:
             self.emit(1, "@ti.ad.no_grad")
         self.emit(1, "@ti.kernel")
