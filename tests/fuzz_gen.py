@@ -46,8 +46,9 @@ reads every element of every float field into the loss.
 Gradients stopped on purpose, and checkpoints (drawn from an RNG of their own, so that they
 change little else of a program): in about two fifths of the programs some scalar, vector and
 matrix expressions are wrapped in ti.stop_grad(...); a kernel sometimes starts its loop with
-ti.stop_grad(x) for a field x the loop reads and the kernel does not write; a kernel is sometimes
-@ti.ad.no_grad (one that only accumulates: see kernel()); and a kernel launched once, returning nothing, sometimes becomes the step of
+ti.stop_grad(x) for a field x the loop reads and the kernel does not write; a kernel that only
+accumulates is sometimes @ti.ad.no_grad (see kernel() on why only those); and a kernel launched
+once, returning nothing, sometimes becomes the step of
 ti.ad.checkpoint(step, 2 or 3, [every field it writes but the loss], None, schedule). The
 shim's central differences hold what is stopped at its unperturbed value (fuzz_shim.py says how).
 A `while` loop's condition sometimes has a condition on data too (`while k < 3 and e < c:`).
