@@ -8,7 +8,9 @@ write several iterations share). Semantics follow Taichi's documentation: `/` is
 `v.norm(eps)` is sqrt(sum v_k^2 + eps),
 `v.normalized(eps)` is v / (v.norm() + eps), `ti.select(c, a, b)` is `a if c else b`; a matrix's
 `norm` is the Frobenius norm, `A @ B` the matrix product, `*` elementwise. ndarrays are fields
-passed as arguments (`ti.types.ndarray()` annotates nothing here).
+passed as arguments (`ti.types.ndarray()` annotates nothing here). `ti.ad.checkpoint(step, T, ...)`
+runs step(0) .. step(T - 1); ti.stop_grad is the identity and an @ti.ad.no_grad kernel runs as
+any, except inside central differences (`stops` below: what they hold fixed).
 
 `run_module` executes a module's source with every comparison rewritten to `_fuzz_cmp(...)`, which
 records how close its two sides came (`margin()`): ti.max / ti.min / ti.abs / a norm record theirs
