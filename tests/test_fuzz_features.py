@@ -170,3 +170,28 @@ def test_the_unperturbed_shim_runs_stopped_code_as_plain_code(source):
     else:
         a2 = (X0 * X0) ** 2
         assert math.isclose(fields["loss"][None], float(np.sum(np.sin(a2) + X0 ** 3)), rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("stopped", [True, False])
+def test_a_stopped_value_tied_with_itself_is_a_kink(stopped):
+    """ti.max(ti.stop_grad(x), x): central differences hold one side and move the other, so they
+    see the kink from both sides (half the slope; fuzz seed 1873): the shim reports a margin of 0,
+    and the test redraws the inputs. ti.max(x, x) stays a tie when x moves: no kink."""
+    import fuzz_shim
+    left = "ti.stop_grad(x[i])" if stopped else "x[i]"
+    source = f"""
+def build(ti):
+    x = ti.field(dtype=ti.f32, shape=3, needs_grad=True)
+    loss = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
+    @ti.kernel
+    def k1():
+        for i in range(3):
+            loss[None] += ti.max({left}, x[i])
+    return {{'x': x, 'loss': loss}}, [(k1, ())]
+"""
+    fields, launches = fuzz_shim.run_module(source)["build"](fuzz_shim)
+    fields["x"].from_numpy(X0)
+    fuzz_shim.reset_margin()
+    for k, args in launches:
+        k(*args)
+    assert fuzz_shim.margin() == (0.0 if stopped else math.inf)
