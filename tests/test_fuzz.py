@@ -193,7 +193,12 @@ def draw_inputs(prog: Program, shim: Shim):
     rng = np.random.default_rng(prog.seed + 10**6)
     for _ in range(5):
         inputs = prog.inputs(rng)
-        fields, rets, margin = shim.run(inputs)
+        try:
+            fields, rets, margin = shim.run(inputs)
+        except (OverflowError, ValueError) as e:   # math.sin(inf): values grew past float64's range
+            if "math" not in str(e) and "overflow" not in str(e):   # (a checkpoint's steps repeat a growth:
+                raise                                                #  fuzz seed 2911 of the long run)
+            continue
         values = list(fields.values()) + [np.array([r for r in rets if r is not None], float)]
         big = max(float(np.abs(a).max(initial=0.0)) for a in values)
         if margin >= MARGIN and big < BIG:
