@@ -779,7 +779,7 @@ class Generator:
             args = nds + [self.const() for _ in self.k.args]
             self.launches.append(f"({name}, ({', '.join(args)}{',' if args else ''}))")
         if written and not ret and not repeat and self.frng.random() < 0.15:
-            self.checkpoint(written)
+            self.checkpoint(name, args, len(self.k.args), written)
 
     def stop_field(self, loop_at: int, written: list) -> None:
         """`ti.stop_grad(x)` first in the loop's body, for a field x the loop reads and the
@@ -792,14 +792,15 @@ class Generator:
             f = opts[int(self.frng.integers(len(opts)))]
             self.out.insert(loop_at + 1, "    " * 3 + f"ti.stop_grad({f})")
 
-    def checkpoint(self, state: list) -> None:
+    def checkpoint(self, name: str, args: list, scalars: int, state: list) -> None:
         """The kernel's launch becomes the step of ti.ad.checkpoint, run 2 or 3 times, with every
-        field it writes but the loss as the state."""
-        launch = self.launches.pop()
+        field it writes but the loss as the state; a float argument moves with the step number."""
+        self.launches.pop()
         step = self.fresh("step")
-        kern, args = launch[1:-1].split(", ", 1)
+        if scalars:
+            args = args[:-1] + [f"{args[-1]} + 0.1 * t"]
         self.emit(1, f"def {step}(t):")
-        self.emit(2, f"{kern}(*{args})")
+        self.emit(2, f"{name}({', '.join(args)})")
         steps = int(self.frng.integers(2, 4))
         schedule = ["revolve", "bisect", "sqrt", "store_all"][int(self.frng.integers(4))]
         self.launches.append(f"(ti.ad.checkpoint, ({step}, {steps}, [{', '.join(state)}], None, {schedule!r}))")
