@@ -65,6 +65,7 @@ MARGIN = 1e-3       # inputs closer than this to a kink or branch switch are dra
 RTOL = 1e-4         # float32 results against references, relative to each array's scale
 MAX_REFUSED = 0.1   # refusals allowed, as a fraction of the programs
 BIG = 1e3           # programs whose values grow beyond this are drawn again
+TRIG = 64.0         # and those taking ti.sin / ti.cos of anything larger (float32 rounds it by |x| * 6e-8)
 
 
 def _seeds(chunk: int) -> list[int]:
@@ -189,7 +190,8 @@ def _touches(fn, args, obj) -> bool:
 
 def draw_inputs(prog: Program, shim: Shim):
     """Inputs away from every kink and branch switch, with every value below BIG (a recurrence
-    like v = v - v * v.y can blow up: float32 then says little), or None (drawn five times)."""
+    like v = v - v * v.y can blow up: float32 then says little) and every argument of sin and cos
+    below TRIG, or None (drawn five times)."""
     rng = np.random.default_rng(prog.seed + 10**6)
     for _ in range(5):
         inputs = prog.inputs(rng)
@@ -201,7 +203,7 @@ def draw_inputs(prog: Program, shim: Shim):
             continue
         values = list(fields.values()) + [np.array([r for r in rets if r is not None], float)]
         big = max(float(np.abs(a).max(initial=0.0)) for a in values)
-        if margin >= MARGIN and big < BIG:
+        if margin >= MARGIN and big < BIG and fuzz_shim.trig_arg() < TRIG:
             return inputs, fields, rets
     return None
 
