@@ -43,9 +43,16 @@ fields the kernel does not write at the parallel index plus a constant offset un
 (`if 0 <= i + 1 < n: ... a[i + 1]`), whose adjoints are scatters or gathers. The last kernel
 reads every element of every float field into the loss.
 
-Not generated: ti.stop_grad / ti.ad.no_grad (central differences of the shim cannot model a
-gradient cut on purpose; tests/test_ad_checks.py and the Taichi behaviour tests cover them),
-and ti.ad.checkpoint (tests/test_fuzz_checkpoint.py).
+Gradients stopped on purpose, and checkpoints (drawn from an RNG of their own, so that they
+change little else of a program): in about two fifths of the programs some scalar, vector and
+matrix expressions are wrapped in ti.stop_grad(...); a kernel sometimes starts its loop with
+ti.stop_grad(x) for a field x the loop reads and the kernel does not write; a kernel that only
+accumulates is sometimes @ti.ad.no_grad (see kernel() on why only those); and a kernel launched
+once, returning nothing, sometimes becomes the step of
+ti.ad.checkpoint(step, 2 or 3, [every field it writes but the loss], None, schedule). The
+shim's central differences hold what is stopped at its unperturbed value (fuzz_shim.py says how).
+A `while` loop's condition sometimes has a condition on data too (`while k < 3 and e < c:`).
+tests/test_fuzz_features.py counts each of these over the seeds CI runs.
 
 Why it is race-free: a store writes the element of the iteration's own index ([i] in a 1-D loop,
 [i, j] in a pair loop), and the kernel reads that field only there; a field a kernel accumulates
@@ -137,6 +144,9 @@ class Generator:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.trng = np.random.default_rng(seed + 7 * 10**6)  # template arguments (signature)
+        # gradients stopped on purpose and checkpoints: an RNG of their own too
+        self.frng = np.random.default_rng(seed + 11 * 10**6)
+        self.stops = self.frng.random() < 0.4   # ti.stop_grad(value) in expressions
         self.n = int(self.rng.integers(3, 7))
         self.kinds = dict(FLOAT_INPUTS)   # every float field -> "s" | "v" | "M" | "m" | "0"
         self.nd: set[str] = set()         # which of them are ndarrays (kernel arguments)
@@ -229,6 +239,12 @@ class Generator:
         return self.const()
 
     def expr(self, sc: _Scope, d: int = 3) -> str:
+        e = self.expr_of(sc, d)
+        if self.stops and d > 0 and self.frng.random() < 0.03:
+            return f"ti.stop_grad({e})"  # a constant for the gradient: the shim holds it fixed
+        return e
+
+    def expr_of(self, sc: _Scope, d: int) -> str:
         if d <= 0 or self.chance(0.25):
             return self.leaf(sc)
         e = lambda: self.expr(sc, d - 1)  # noqa: E731
@@ -286,6 +302,12 @@ class Generator:
         return f"ti.Vector([{self.leaf(sc)}, {self.leaf(sc)}])"
 
     def vexpr(self, sc: _Scope, d: int = 2) -> str:
+        u = self.vexpr_of(sc, d)
+        if self.stops and d > 0 and self.frng.random() < 0.03:
+            return f"ti.stop_grad({u})"  # a vector held fixed
+        return u
+
+    def vexpr_of(self, sc: _Scope, d: int) -> str:
         if d <= 0 or self.chance(0.4):
             return self.vleaf(sc)
         r = int(self.rng.integers(5 if self.matrices else 4))
@@ -329,6 +351,12 @@ class Generator:
 
     def mexpr(self, sc: _Scope, size: int, d: int = 1) -> str:
         """A size x size matrix expression; a product is halved, so that nested ones stay O(1)."""
+        a = self.mexpr_of(sc, size, d)
+        if self.stops and d > 0 and self.frng.random() < 0.05:
+            return f"ti.stop_grad({a})"  # a matrix held fixed
+        return a
+
+    def mexpr_of(self, sc: _Scope, size: int, d: int) -> str:
         if d <= 0 or self.chance(0.4):
             return self.mleaf(sc, size)
         m = lambda: self.mexpr(sc, size, d - 1)  # noqa: E731
@@ -517,6 +545,8 @@ class Generator:
         (inner.ints if trip == "while" else inner.counters).append(kc)
         if trip == "while":
             bound = self.pick([f"cnt[{sc.idx[0]}]", str(int(self.rng.integers(1, 4)))])
+            if self.frng.random() < 0.6:  # and a condition on data, evaluated before each iteration
+                bound += f" and {self.cond(inner)}"
             self.emit(depth, f"{kc} = 0")
             self.emit(depth, f"while {kc} < {bound}:")
             self.emit(depth + 1, f"{kc} += 1")
@@ -689,6 +719,14 @@ class Generator:
         # a kernel with arguments is sometimes launched twice, with others: then its loop does not
         # read what its top level overwrites (the next launch would overwrite what this one read)
         repeat = bool(self.k.args) and rec is None and ext is None and self.chance(0.4)
+        written = [t for t, _ in targets if t != "loss"] + [f for f in (pro, rec, scat, ext) if f is not None]
+        # @ti.ad.no_grad: run forward, no backward. Only for a kernel that only accumulates (+=):
+        # the gradient of what it adds to passes it unchanged whether its writes count as constant
+        # offsets or as skipped (Taichi); for an overwrite the two differ (docs/autodiff.md)
+        only_adds = all(how == "add" for _, how in targets) and not (pro or rec or scat or ext)
+        no_grad = only_adds and self.frng.random() < 0.4
+        if no_grad:
+            self.emit(1, "@ti.ad.no_grad")
         self.emit(1, "@ti.kernel")
         start = len(self.out)
         self.emit(1, f"def {name}(ARGS)" + (" -> ti.f32:" if ret else ":"))
@@ -700,6 +738,7 @@ class Generator:
         if kind == "pair":
             loops = [f"for i, j in ti.ndrange({self.n}, {self.n}):"]
             loops += [f"for i, j in {f}:" for f in fields if self.kinds[f] == "m" and self.readable(f)]
+            loop_at = len(self.out)
             self.emit(2, self.pick(loops))
             sc = _Scope(["i", "j"])
         else:
@@ -707,6 +746,7 @@ class Generator:
                                                         if self.kinds[f] in ("s", "v", "M")]
             if kind == "reduce":
                 self.emit(2, "s = 0.0")
+            loop_at = len(self.out)
             self.emit(2, self.pick(loops))
             sc = _Scope(["i"])
         if self.matrices and self.chance(0.6):
@@ -731,11 +771,39 @@ class Generator:
             self.emit(2, f"{dest}[None] += s * {self.const(0.2, 0.9)}")
             if ret:
                 self.emit(2, "return s")
+        if self.frng.random() < 0.15:
+            self.stop_field(loop_at, written)
         self.read_before |= self.k.reads
         nds = self.signature(start, self.k.args)
         for _ in range(2 if repeat else 1):
             args = nds + [self.const() for _ in self.k.args]
             self.launches.append(f"({name}, ({', '.join(args)}{',' if args else ''}))")
+        if written and not ret and not repeat and self.frng.random() < 0.15:
+            self.checkpoint(name, args, len(self.k.args), written)
+
+    def stop_field(self, loop_at: int, written: list) -> None:
+        """`ti.stop_grad(x)` first in the loop's body, for a field x the loop reads and the
+        kernel does not write: that loop's reads of x carry no gradient (the shim reads x as it
+        was at the launch)."""
+        text = "\n".join(self.out[loop_at + 1:])
+        opts = [f for f in self.kinds if f in self.k.reads and f not in written and f not in self.k.added
+                and re.search(rf"\b{f}\[", text)]
+        if opts:
+            f = opts[int(self.frng.integers(len(opts)))]
+            self.out.insert(loop_at + 1, "    " * 3 + f"ti.stop_grad({f})")
+
+    def checkpoint(self, name: str, args: list, scalars: int, state: list) -> None:
+        """The kernel's launch becomes the step of ti.ad.checkpoint, run 2 or 3 times, with every
+        field it writes but the loss as the state; a float argument moves with the step number."""
+        self.launches.pop()
+        step = self.fresh("step")
+        if scalars:
+            args = args[:-1] + [f"{args[-1]} + 0.1 * t"]
+        self.emit(1, f"def {step}(t):")
+        self.emit(2, f"{name}({', '.join(args)})")
+        steps = int(self.frng.integers(2, 4))
+        schedule = ["revolve", "bisect", "sqrt", "store_all"][int(self.frng.integers(4))]
+        self.launches.append(f"(ti.ad.checkpoint, ({step}, {steps}, [{', '.join(state)}], None, {schedule!r}))")
 
     def prologue(self, g: str) -> None:
         """Top-level code before the loop (one thread, run once) that reads the 0-d field g and
