@@ -232,3 +232,32 @@ def test_stop_grad_of_a_field_the_kernel_overwrites_stops_the_old_values_gradien
         replace()
         copy()
     assert L.dual[None] == 0.0
+
+
+def test_accumulations_in_serial_code_and_with_a_template_and_a_kernel_scope_sum_pass_through():
+    """`y[0] = y[0] + c` is an accumulation too, as `y[0] += c` is. A kernel-scope sum's scratch gradient is the launch's own: the zeroing kernel
+    named it by position and zeroed the template argument's gradient instead (the fuzzer's seed 32)."""
+    x, y, L = _fields()
+    double, squares = _program(x, y, L)
+    w = ti.field(ti.f32, shape=(), needs_grad=True)
+    w[None] = 0.5
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def bump(t: ti.template()):
+        s = 0.0
+        for i in x:
+            s += w[None]
+            t[i] += 0.5
+        t[0] = t[0] + 2.0  # (the same as t[0] += 2.0)
+        L[None] += s
+
+    with ti.ad.Tape(loss=L):
+        double()
+        bump(y)
+        squares()
+    xs = x.to_numpy().astype(np.float64)
+    ys = 2 * xs + 0.5
+    ys[0] += 2.0
+    np.testing.assert_allclose(x.grad.to_numpy(), 4 * ys, rtol=1e-6)  # dL/dx = 2 y * 2
+    assert w.grad[None] == 0.0

@@ -239,7 +239,9 @@ def compile_zeroing(fwd: Compiled, grads: tuple, opts: CompileOptions) -> Compil
     the gradients of the elements the kernel overwrites. None when it overwrites nothing with a
     gradient; a reason (str) when the elements it overwrites depend on values it cannot recompute."""
     by_source = dict(zip(fwd.plan.buffers, grads))
-    ir, _ = zeroing_kernel(fwd.ir, lambda b: by_source.get(b.source))
+    # (fields and ndarrays: a kernel-scope sum's scratch buffer is the launch's own)
+    ir, _ = zeroing_kernel(fwd.ir, lambda b: by_source.get(b.source) if isinstance(b.source, (plan.Field, plan.Arg))
+                           else None)
     if ir is None:
         return None
     ir = user_errors(lambda: _optimize(ir, opts))

@@ -10,7 +10,8 @@ passes through unchanged, as skipping gives.
 
 So the backward pass of a no_grad kernel is this kernel, made from its forward IR: each plain
 store to a float buffer that has a gradient becomes a store of 0 to that gradient at the same
-index; every other store, atomic, print and assert goes. What remains computes only the indices
+index, unless it stores the element's own value plus or minus something (`y[i] += v` that one
+thread owns, made a read-modify-write); every other store, atomic, print and assert goes. What remains computes only the indices
 and the control flow of those stores, from the fields as they are at the backward pass (as every
 adjoint replays its forward). A value it cannot recompute there (a random number, the old value an
 atomic returned) that the indices or the control flow need makes it unavailable (`why`).
@@ -61,7 +62,7 @@ def zeroing_kernel(kernel: Kernel, grad_source: Callable) -> tuple[Kernel | None
             for b in s.blocks:
                 rewrite(b)
             if s.op is Op.GLOBAL_STORE:
-                g = grad_of(s.attr)
+                g = None if _accumulates(s) else grad_of(s.attr)
                 if g is not None:
                     zero = Stmt(Op.CONST, s.attr.dtype, [], 0.0, loc=s.loc)
                     out += [zero, Stmt(Op.GLOBAL_STORE, None, [s.args[0], zero], g, loc=s.loc, index=s.index)]
@@ -89,6 +90,22 @@ def zeroing_kernel(kernel: Kernel, grad_source: Callable) -> tuple[Kernel | None
     k.buffers.append(unknown)
     k.uses_random = False
     return k, [g.source for g in grads.values()]
+
+
+def _accumulates(store: Stmt) -> bool:
+    """A store of the element's own value plus or minus something (`y[i] += v` as a thread's
+    read-modify-write): an accumulation, whose old value keeps its gradient."""
+    buf, idx = store.attr, store.args[0]
+
+    def holds_old(v: Stmt) -> bool:
+        if v.op is Op.GLOBAL_LOAD:
+            return v.attr is buf and v.args[0] is idx
+        if v.op is Op.ADD:
+            return holds_old(v.args[0]) or holds_old(v.args[1])
+        if v.op is Op.SUB:
+            return holds_old(v.args[0])
+        return False
+    return holds_old(store.args[1])
 
 
 def needs_unknown(kernel: Kernel) -> bool:
