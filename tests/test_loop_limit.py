@@ -52,22 +52,30 @@ def _kernels(out):
     return one_loop, nested, while_loop, with_break
 
 
-@pytest.mark.parametrize("case,args,want", [
-    ("one_loop", (60_000,), 60_000), ("one_loop", (70_000,), 70_000),
-    ("nested", (240, 250), 60_000), ("nested", (300, 300), 90_000),
-    ("while_loop", (50_000,), 50_000), ("while_loop", (100_000,), 100_000),
-    ("with_break", (1_000_000, 20), 20), ("with_break", (100_000, 80_000), 80_000),
-])
-def test_loops_run_to_their_end_or_raise(case, args, want):
+# (case, arguments, the count it makes, whether it passes the limited driver's budget). Where the
+# driver limits loops, a loop that runs often runs up to UNROLL_MAX (128) copies of its body per
+# iteration of its WGSL loop (codegen/statements.py), so a thread gets about 65,535 x 128 (8.4
+# million) iterations of one loop; the cases keep a wide margin on either side of that
+CASES = [
+    ("one_loop", (60_000,), 60_000, True), ("one_loop", (5_000_000,), 5_000_000, True),
+    ("one_loop", (20_000_000,), 20_000_000, False),
+    ("nested", (240, 250), 60_000, True), ("nested", (1000, 1000), 1_000_000, True),   # 1000 x (8 + 1)
+    ("nested", (5000, 5000), 25_000_000, False),                                       # 5000 x (40 + 1)
+    ("while_loop", (50_000,), 50_000, True), ("while_loop", (5_000_000,), 5_000_000, True),
+    ("while_loop", (20_000_000,), 20_000_000, False),
+    ("with_break", (1_000_000, 20), 20, True), ("with_break", (100_000_000, 5_000_000), 5_000_000, True),
+    ("with_break", (100_000_000, 20_000_000), 20_000_000, False),
+]
+
+
+@pytest.mark.parametrize("case,args,want,fits", CASES)
+def test_loops_run_to_their_end_or_raise(case, args, want, fits):
     out = ti.field(ti.i32, shape=4)
     kernel = dict(zip(("one_loop", "nested", "while_loop", "with_break"), _kernels(out)))[case]
     kernel(*args)
     slot = ("one_loop", "nested", "while_loop", "with_break").index(case)
-    # iterations of the invocation: loop bodies entered (an outer loop's own iterations count too)
-    total = {"one_loop": args[0], "nested": args[0] * (args[1] + 1) if case == "nested" else 0,
-             "while_loop": args[0], "with_break": min(args)}[case]
     limited = ti.compile_options().loop_check
-    if limited and total > 65_000:
+    if limited and not fits:
         with pytest.raises(ti.KernelRuntimeError, match=rf"kernel '{case}': a loop stopped before its end: this "
                                                          r"adapter's driver \(Mesa llvmpipe / lavapipe\) ends the "
                                                          r"loops of a shader invocation after 65,535 iterations"):
@@ -76,6 +84,46 @@ def test_loops_run_to_their_end_or_raise(case, args, want):
         assert out.to_numpy().sum() == 0
     else:
         assert out.to_numpy()[slot] == want
+
+
+def test_ten_million_iterations_with_their_gradient():
+    """Taichi's test_large_for_loops: 5 threads of 2,000 x 1,000 iterations each, 10^7 in all, on
+    the tape (forward and adjoint fused in one shader). The sum of 10^7 ones is exact in float32
+    (below 2^24), and so is its derivative, 10^7 cos(0)."""
+    x = ti.field(ti.f32, shape=(), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def large_loop():
+        for i in range(5):
+            for j in range(2000):
+                for k in range(1000):
+                    loss[None] += ti.sin(x[None]) + 1.0
+
+    with ti.ad.Tape(loss=loss):
+        large_loop()
+    assert loss[None] == 1e7
+    assert x.grad[None] == 1e7
+
+
+def test_a_long_deterministic_sum():
+    """ti.init(deterministic=True) adds floats in one invocation, in iteration order: 200,000
+    iterations there are three times the driver's 65,535, and all run (exact integer sums)."""
+    ti.init(deterministic=True)
+    n = 200_000
+    x = ti.field(ti.f32, shape=n, needs_grad=True)
+    total = ti.field(ti.f32, shape=(), needs_grad=True)
+    x.from_numpy((np.arange(n) % 4).astype(np.float32))
+
+    @ti.kernel
+    def add():
+        for i in x:
+            total[None] += 2.0 * x[i]
+
+    with ti.ad.Tape(loss=total):
+        add()
+    assert total[None] == 2.0 * float((np.arange(n) % 4).sum())
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.full(n, 2.0, np.float32))
 
 
 def test_the_check_is_on_where_the_driver_limits_loops():

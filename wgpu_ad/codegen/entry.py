@@ -14,6 +14,7 @@ from ..plan import LOOP_LIMIT_WORD
 from ..types import i32
 from .common import ARGS_VAR, ERR_VAR, INDENT
 from .ops_table import convert
+from .statements import UNROLL_MAX
 from .vectors import quad_views
 
 
@@ -81,6 +82,27 @@ class TaskEntry:
             self.line(1, f"// {part}: one iteration per thread (the launch covers the range)")
             self.line(1, "let iter = thread_id;")
             self.line(1, "if iter < range_count {")
+        elif self.opts.loop_check and (self.in_order or self.task_cap) and not jumps_to_loop(self.task.body, Op.CONTINUE):
+            # a thread that runs many iterations (in order, or pre-reducing in few workgroups) runs
+            # several per iteration of its WGSL loop: the driver limits loop iterations (UNROLL_MAX)
+            self.line(1, f"// {part}")
+            self.line(1, "var iter = thread_id;")
+            self.line(1, "loop {  // unrolled: the driver limits the iterations of loops, not their length")
+            self.loop_trips.append(None)
+
+            def copy() -> None:
+                self.line(2, "if iter >= range_count { break; }")
+                self.line(2, "{")
+                self.iteration("iter", 3)
+                self.line(2, "}")
+                self.line(2, f"{stride};")
+            self.unrolled(copy, UNROLL_MAX)
+            self.loop_trips.pop()
+            self.line(1, "}")
+            self.line(1, f"if iter < range_count {{ atomicMax(&{ERR_VAR}[{LOOP_LIMIT_WORD}], 1u); }}  "
+                         f"// stopped by the driver")
+            self.checks_loops = True
+            return
         elif self.opts.loop_check:
             self.line(1, f"// {part}")
             self.line(1, "var iter = thread_id;")

@@ -16,6 +16,14 @@ from .common import ARGS_VAR, ERR_VAR, INDENT, PRINT_VAR, RET_VAR, _fail, kept_a
 from .ops_table import ALU, convert, from_bits, literal, spell, to_bits, word_dtype, zero
 
 
+# unrolling of checked loops (StatementWriter.unroll_copies): a loop whose body runs at least
+# UNROLL_FROM times per invocation runs up to UNROLL_MAX copies of it per iteration, in at most
+# UNROLL_LINES lines of WGSL
+UNROLL_FROM = 4096
+UNROLL_MAX = 128
+UNROLL_LINES = 1024
+
+
 class StatementWriter:
     """Mixed into wgsl.TaskEmitter, whose __init__ sets the state used here (lines, names, value,
     loop_var, loop_flags, arg_member ...)."""
@@ -150,11 +158,7 @@ class StatementWriter:
         elif op is Op.RANGE_FOR:
             self.range_for(s, d)
         elif op is Op.WHILE:
-            flag = self.open_loop(d, "loop")
-            self.line(d, "loop {")
-            self.block(s.blocks[0], d + 1)
-            self.line(d, "}")
-            self.close_loop(d, flag)
+            self.while_(s, d)
         elif op is Op.BREAK:
             flag = self.loop_flags[-1] if self.loop_flags else None
             self.line(d, f"{flag} = true; break;" if flag else "break;")
@@ -231,13 +235,78 @@ class StatementWriter:
             self.block(s.blocks[0], d + 1, body=True)
             self.line(d, "}")
             return
-        self.line(d, f"var {var}: i32 = {begin};")
-        self.line(d, "loop {")
-        self.line(d + 1, f"if {var} >= {end} {{ {flag} = true; break; }}")
-        self.block(s.blocks[0], d + 1, body=True)
-        self.line(d + 1, f"continuing {{ {var} += 1i; }}")
-        self.line(d, "}")
+        lo, hi = s.args
+        trips = int(hi.attr) - int(lo.attr) if lo.op is Op.CONST and hi.op is Op.CONST else None
+        copies = self.unroll_copies(trips)
+        self.loop_trips.append(trips)
+        if copies == 1:
+            self.line(d, f"var {var}: i32 = {begin};")
+            self.line(d, "loop {")
+            self.line(d + 1, f"if {var} >= {end} {{ {flag} = true; break; }}")
+            self.block(s.blocks[0], d + 1, body=True)
+            self.line(d + 1, f"continuing {{ {var} += 1i; }}")
+            self.line(d, "}")
+        else:
+            # each copy steps the index first, so a `continue` (back to the top) steps it too
+            self.line(d, f"var {var}: i32 = {begin};")
+            self.line(d, f"{var} -= 1i;")
+            self.line(d, f"loop {{  // unrolled: the driver limits the iterations of loops, not their length")
+
+            def copy() -> None:
+                self.line(d + 1, f"{var} += 1i;")
+                self.line(d + 1, f"if {var} >= {end} {{ {flag} = true; break; }}")
+                self.line(d + 1, "{")
+                self.block(s.blocks[0], d + 2, body=True)
+                self.line(d + 1, "}")
+            self.unrolled(copy, copies)
+            self.line(d, "}")
+        self.loop_trips.pop()
         self.close_loop(d, flag)
+
+    def while_(self, s: Stmt, d: int) -> None:
+        flag = self.open_loop(d, "loop")
+        copies = self.unroll_copies(None) if flag is not None else 1
+        self.loop_trips.append(None)
+        if copies == 1:
+            self.line(d, "loop {")
+            self.block(s.blocks[0], d + 1)
+            self.line(d, "}")
+        else:
+            # a copy is a whole iteration (its condition and break included), so `continue` may
+            # go back to the first
+            self.line(d, "loop {  // unrolled: the driver limits the iterations of loops, not their length")
+
+            def copy() -> None:
+                self.line(d + 1, "{")
+                self.block(s.blocks[0], d + 2)
+                self.line(d + 1, "}")
+            self.unrolled(copy, copies)
+            self.line(d, "}")
+        self.loop_trips.pop()
+        self.close_loop(d, flag)
+
+    def unroll_copies(self, trips: int | None) -> int:
+        """How many copies of a checked loop's body one iteration of its WGSL loop runs. Mesa 22's
+        llvmpipe ends an invocation's loops after 65,535 iterations in total (loop_check), counting
+        iterations of WGSL loops, so a loop that runs often (by its own trip count times those of
+        the loops around it; an unknown count counts as often) runs up to UNROLL_MAX copies per
+        iteration: UNROLL_MAX times more serial work before the driver's limit. Only on such drivers."""
+        if not self.opts.loop_check:
+            return 1
+        total = 1
+        for t in (*self.loop_trips, trips):
+            total = None if t is None or total is None else total * max(t, 0)
+        if total is not None and total < UNROLL_FROM:
+            return 1
+        return UNROLL_MAX if trips is None else max(1, min(UNROLL_MAX, trips))
+
+    def unrolled(self, copy, copies: int) -> None:
+        """Write copy() `copies` times, fewer where one copy is long (UNROLL_LINES in all)."""
+        mark = len(self.lines)
+        copy()
+        copies = min(copies, max(1, UNROLL_LINES // max(1, len(self.lines) - mark)))
+        for _ in range(copies - 1):
+            copy()
 
     def open_loop(self, d: int, hint: str) -> str | None:
         """Start a loop: with loop_check, declare its exit flag (set by every way out the program

@@ -55,6 +55,7 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
         self.stack_caps: list = []     # per stack: its capacity (int, or the ArgSlot read at launch)
         self.one_pass = False          # a range task without a grid-stride loop (main())
         self.loop_flags: list = []     # per open loop: its exit flag's name (loop_check), or None
+        self.loop_trips: list = []     # per open serial loop (loop_check): its trip count, None if unknown
         self.checks_loops = False      # some loop here is checked (binds the error buffer)
         self.wg_sums: list[Stmt] = []  # workgroup sums of the epilogue (shared memory arrays)
         self._scan()

@@ -2,7 +2,7 @@
 device.Runtime: device loss (wgpu-py only logs it: a log handler sets a flag), a batch WebGPU
 rejected (naming its kernels), the asserts and checks kernels report through the error buffer
 (debug mode, check_nan, access checks, autodiff stack overflows), and loops the driver stopped
-early (Mesa llvmpipe ends a shader invocation's loops after 65,535 iterations: probed once).
+early (Mesa 22's llvmpipe ends a shader invocation's loops after 65,535 iterations: probed once).
 """
 from __future__ import annotations
 
@@ -65,10 +65,12 @@ class ErrorChecks:
         raise KernelRuntimeError(
             f"{who}: a loop stopped before its end: this adapter's driver (Mesa llvmpipe / lavapipe) ends "
             f"the loops of a shader invocation after 65,535 iterations in total, so the results since the "
-            f"last read-back are incomplete (this error is raised instead of returning them). Give each "
-            f"thread fewer loop iterations: a longer parallel loop (more threads), fewer serial iterations per "
-            f"thread, or the loop split across several launches; under ti.init(deterministic=True) a loop "
-            f"that adds floats with atomics runs in one invocation, so it must stay under that count there")
+            f"last read-back are incomplete (this error is raised instead of returning them). wgpu_ad already "
+            f"runs up to 128 iterations of a long loop per iteration the driver counts (about 8 million for "
+            f"a small loop body, fewer for a large one). Give each thread fewer loop iterations: a longer "
+            f"parallel loop (more threads), fewer serial iterations per thread, or the loop split across "
+            f"several launches; or use Mesa 25 or newer, which has no such limit (Debian 12 has it in "
+            f"bookworm-backports: docs/performance.md#lavapipes-loop-limit)")
 
     def _batch_error(self, e: Exception) -> GpuError:
         names = list(dict.fromkeys(n for n in self._batch_kernels if not n.startswith("<")))
