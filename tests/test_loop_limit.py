@@ -118,12 +118,15 @@ def test_a_long_deterministic_sum():
     @ti.kernel
     def add():
         for i in x:
+            if i % 5 == 0:
+                continue  # (in an unrolled copy: on to the next copy)
             total[None] += 2.0 * x[i]
 
     with ti.ad.Tape(loss=total):
         add()
-    assert total[None] == 2.0 * float((np.arange(n) % 4).sum())
-    np.testing.assert_array_equal(x.grad.to_numpy(), np.full(n, 2.0, np.float32))
+    kept = np.arange(n) % 5 != 0
+    assert total[None] == 2.0 * float((np.arange(n) % 4)[kept].sum())
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.where(kept, 2.0, 0.0).astype(np.float32))
 
 
 def test_the_check_is_on_where_the_driver_limits_loops():
@@ -154,3 +157,53 @@ def test_long_parallel_loops_are_not_limited():
 
     fill()
     np.testing.assert_array_equal(x.to_numpy()[-5:], np.arange(n - 5, n) % 7)
+
+
+def test_unrolled_bodies_keep_continue_break_and_their_gradient():
+    """Loops long enough to be unrolled where the driver limits loops (and plain loops elsewhere):
+    `continue` in a range loop (each copy steps the index first), `continue` and `break` in a while
+    loop (a copy is a whole iteration), and the adjoint of a long loop (d/dw and d/dx exact: small
+    integers). The counts are computed in Python."""
+    n = 300_000
+    out = ti.field(ti.i32, shape=3)
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    w = ti.field(ti.f32, shape=(), needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    x.from_numpy(np.array([1, 2, 0, 3], np.float32))
+    w[None] = 1.0
+
+    @ti.kernel
+    def counts(n: ti.i32):
+        for _ in range(1):
+            s = 0
+            for i in range(n):
+                if i % 3 == 0:
+                    continue
+                s += 1
+            out[0] = s
+            k = 0
+            t = 0
+            while True:
+                k += 1
+                if k % 5 == 0:
+                    continue
+                if k > n:
+                    break
+                t += 1
+            out[1] = t
+
+    @ti.kernel
+    def weighted(n: ti.i32):
+        for _ in range(1):
+            for i in range(n):
+                loss[None] += x[i % 4] * w[None]
+
+    counts(n)
+    assert out.to_numpy()[0] == sum(1 for i in range(n) if i % 3)
+    assert out.to_numpy()[1] == sum(1 for k in range(1, n + 1) if k % 5)
+    with ti.ad.Tape(loss=loss):
+        weighted(n)
+    per = n // 4  # each x[k] is read n / 4 times
+    assert loss[None] == per * 6.0
+    assert w.grad[None] == per * 6.0
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.full(4, per, np.float32))

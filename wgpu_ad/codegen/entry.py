@@ -82,7 +82,7 @@ class TaskEntry:
             self.line(1, f"// {part}: one iteration per thread (the launch covers the range)")
             self.line(1, "let iter = thread_id;")
             self.line(1, "if iter < range_count {")
-        elif self.opts.loop_check and (self.in_order or self.task_cap) and not jumps_to_loop(self.task.body, Op.CONTINUE):
+        elif self.opts.loop_check and (self.in_order or self.task_cap):
             # a thread that runs many iterations (in order, or pre-reducing in few workgroups) runs
             # several per iteration of its WGSL loop: the driver limits loop iterations (UNROLL_MAX)
             self.line(1, f"// {part}")
@@ -90,11 +90,15 @@ class TaskEntry:
             self.line(1, "loop {  // unrolled: the driver limits the iterations of loops, not their length")
             self.loop_trips.append(None)
 
+            jumps = jumps_to_loop(self.task.body, Op.CONTINUE)  # (a copy's `continue` ends the copy)
+
             def copy() -> None:
                 self.line(2, "if iter >= range_count { break; }")
-                self.line(2, "{")
+                self.line(2, "switch 0i { default {" if jumps else "{")
+                self.continue_as.append("break;" if jumps else "continue;")
                 self.iteration("iter", 3)
-                self.line(2, "}")
+                self.continue_as.pop()
+                self.line(2, "} }" if jumps else "}")
                 self.line(2, f"{stride};")
             self.unrolled(copy, UNROLL_MAX)
             self.loop_trips.pop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from .. import plan
 from ..ir.nodes import Block, Stmt, walk
 from ..ir.ops import Op
+from ..ir.utils import jumps_to_loop
 from ..plan import ERROR_WORDS, LOOP_LIMIT_WORD
 from ..types import DType, f16, f32, i32, u1, u32
 from .common import ARGS_VAR, ERR_VAR, INDENT, PRINT_VAR, RET_VAR, _fail, kept_assert
@@ -163,7 +164,7 @@ class StatementWriter:
             flag = self.loop_flags[-1] if self.loop_flags else None
             self.line(d, f"{flag} = true; break;" if flag else "break;")
         elif op is Op.CONTINUE:
-            self.line(d, "continue;")
+            self.line(d, self.continue_as[-1] if self.continue_as else "continue;")
         elif op is Op.RETURN:
             value = convert(self.ref(s.args[0]), s.args[0].dtype, self.ret_store_dtype)
             self.line(d, f"{RET_VAR}[0] = {value};")
@@ -234,6 +235,7 @@ class StatementWriter:
             self.line(d, f"for (var {var}: i32 = {begin}; {var} < {end}; {var} += 1i) {{")
             self.block(s.blocks[0], d + 1, body=True)
             self.line(d, "}")
+            self.continue_as.pop()
             return
         lo, hi = s.args
         trips = int(hi.attr) - int(lo.attr) if lo.op is Op.CONST and hi.op is Op.CONST else None
@@ -255,9 +257,7 @@ class StatementWriter:
             def copy() -> None:
                 self.line(d + 1, f"{var} += 1i;")
                 self.line(d + 1, f"if {var} >= {end} {{ {flag} = true; break; }}")
-                self.line(d + 1, "{")
-                self.block(s.blocks[0], d + 2, body=True)
-                self.line(d + 1, "}")
+                self.unrolled_body(s.blocks[0], d + 1, flag, body=True)
             self.unrolled(copy, copies)
             self.line(d, "}")
         self.loop_trips.pop()
@@ -277,9 +277,7 @@ class StatementWriter:
             self.line(d, "loop {  // unrolled: the driver limits the iterations of loops, not their length")
 
             def copy() -> None:
-                self.line(d + 1, "{")
-                self.block(s.blocks[0], d + 2)
-                self.line(d + 1, "}")
+                self.unrolled_body(s.blocks[0], d + 1, flag)
             self.unrolled(copy, copies)
             self.line(d, "}")
         self.loop_trips.pop()
@@ -300,6 +298,27 @@ class StatementWriter:
             return 1
         return UNROLL_MAX if trips is None else max(1, min(UNROLL_MAX, trips))
 
+    def unrolled_body(self, blk: Block, d: int, flag: str | None, body: bool = False) -> None:
+        """One copy of an unrolled loop's body, in a block of its own. A body that continues or
+        breaks its loop runs inside a one-case `switch`, whose `break` ends the copy: a `continue`
+        goes on to the next copy (a jump back to the loop's top would be an iteration the driver
+        counts) and a `break` sets the loop's exit flag, which ends the loop after the switch."""
+        jumps = jumps_to_loop(blk, Op.CONTINUE) or jumps_to_loop(blk, Op.BREAK)
+        if not jumps:
+            self.line(d, "{")
+            self.continue_as.append("continue;")
+            self.block(blk, d + 1, body=body)
+            self.continue_as.pop()
+            self.line(d, "}")
+            return
+        self.line(d, "switch 0i { default {  // one copy of the body: its `break` ends the copy")
+        self.continue_as.append("break;")
+        self.block(blk, d + 1, body=body)
+        self.continue_as.pop()
+        self.line(d, "} }")
+        if flag is not None and jumps_to_loop(blk, Op.BREAK):
+            self.line(d, f"if {flag} {{ break; }}")
+
     def unrolled(self, copy, copies: int) -> None:
         """Write copy() `copies` times, fewer where one copy is long (UNROLL_LINES in all)."""
         mark = len(self.lines)
@@ -311,6 +330,7 @@ class StatementWriter:
     def open_loop(self, d: int, hint: str) -> str | None:
         """Start a loop: with loop_check, declare its exit flag (set by every way out the program
         takes); returns the flag's name, or None."""
+        self.continue_as.append("continue;")  # (an unrolled copy of its body changes it)
         if not self.opts.loop_check:
             self.loop_flags.append(None)
             return None
@@ -323,6 +343,7 @@ class StatementWriter:
     def close_loop(self, d: int, flag: str | None) -> None:
         """End a loop: a checked loop that left without its flag was stopped by the driver."""
         self.loop_flags.pop()
+        self.continue_as.pop()
         if flag is not None:
             self.line(d, f"if !{flag} {{ atomicMax(&{ERR_VAR}[{LOOP_LIMIT_WORD}], 1u); }}  // stopped by the driver")
 

@@ -56,6 +56,7 @@ class TaskEmitter(TaskEntry, StatementWriter, MemoryAccess):
         self.one_pass = False          # a range task without a grid-stride loop (main())
         self.loop_flags: list = []     # per open loop: its exit flag's name (loop_check), or None
         self.loop_trips: list = []     # per open serial loop (loop_check): its trip count, None if unknown
+        self.continue_as: list = []    # per open loop: the WGSL of its `continue` (unrolled copies: a break)
         self.checks_loops = False      # some loop here is checked (binds the error buffer)
         self.wg_sums: list[Stmt] = []  # workgroup sums of the epilogue (shared memory arrays)
         self._scan()
