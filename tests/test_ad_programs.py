@@ -257,6 +257,45 @@ def test_plain_store_of_one_element_from_every_thread_is_refused():
         "by every loop variable, or accumulate with += (atomic add)")
 
 
+def test_adding_an_amount_read_from_the_same_field_at_a_shared_index_is_refused_by_name():
+    """`s[i + j] += x[i, j] * s[i + j]` over an ndrange: i + j is the same element for several
+    threads, and each reads s while the others add to it (a race in the values themselves). The
+    error says so and names the fix; the same loop adding an amount that does not read s is
+    exact (gradient 1 per element of x, analytic)."""
+    x = ti.field(ti.f32, shape=(4, 4), needs_grad=True)
+    s = ti.field(ti.f32, shape=8, needs_grad=True)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+
+    @ti.kernel
+    def racy():
+        for i, j in ti.ndrange(4, 4):
+            s[i + j] += x[i, j] * s[i + j]
+
+    @ti.kernel
+    def fine():
+        for i, j in ti.ndrange(4, 4):
+            s[i + j] += x[i, j]
+
+    @ti.kernel
+    def total():
+        for k in s:
+            loss[None] += s[k]
+
+    with pytest.raises(ti.CompileError) as e:
+        racy.grad()
+    assert str(e.value).splitlines()[0] == (
+        f"cannot differentiate kernel 'racy': it adds to field 's' (line {e.value.loc.line}) inside a loop an "
+        "amount computed from 's' itself, and the same element may be updated by more than one iteration or "
+        "thread at once, so what each reads depends on the others' timing: the values and the gradient would "
+        "be silently wrong. Compute the amount from values the loop does not change (copy 's' into another "
+        "field in an earlier kernel and read the copy here), then add it with += (atomic add)")
+    x.fill(2.0)
+    with ti.ad.Tape(loss=loss):
+        fine()
+        total()
+    assert loss[None] == 32.0
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.ones((4, 4), np.float32))
+
 def test_ndrange_store_per_element_is_accepted():
     n = 5
     x = ti.field(ti.f32, shape=(n, n), needs_grad=True)
