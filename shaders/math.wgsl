@@ -23,7 +23,19 @@ fn pow_f32(x: f32, y: f32) -> f32 {
     if y == 0.0f {
         return 1.0f;
     }
-    let m = pow(abs(x), y);
+    var m: f32;
+    let n = abs(y);
+    if n <= 4.0f && floor(n) == n {
+        // small integer powers by products (within 2 ulps; SwiftShader's pow gives 5.6 at (-0.97)^3)
+        let a = abs(x);
+        let a2 = a * a;
+        m = select(select(a, a2, n == 2.0f), select(a2 * a, a2 * a2, n == 4.0f), n >= 3.0f);
+        if y < 0.0f {
+            m = 1.0f / m;
+        }
+    } else {
+        m = pow(abs(x), y);
+    }
     if !(x < 0.0f) {
         return m;
     }
@@ -90,7 +102,7 @@ fn asinh_f32(x: f32) -> f32 {
     let a = abs(x);
     var r: f32;
     if a > 1e18f {
-        r = log(a) + 0.6931472f;
+        r = log_f32(a) + 0.6931472f;
     } else {
         let a2 = a * a;
         r = log1p_f32(a + a2 / (1.0f + sqrt(1.0f + a2)));
@@ -107,7 +119,7 @@ fn acosh_f32(x: f32) -> f32 {
         return bitcast<f32>(nan_bits);
     }
     if x > 1e18f {
-        return log(x) + 0.6931472f;
+        return log_f32(x) + 0.6931472f;
     }
     let t = x - 1.0f;
     return log1p_f32(t + sqrt(t * (2.0f + t)));
@@ -136,7 +148,7 @@ fn atanh_f32(x: f32) -> f32 {
 fn log1p_f32(x: f32) -> f32 {
     let u = 1.0f + x;
     if !(u > 0.70710677f && u < 1.4142135f) {
-        return log(u);
+        return log_f32(u);
     }
     let s = x / (2.0f + x);
     let z = s * s;
@@ -149,6 +161,9 @@ fn log1p_f32(x: f32) -> f32 {
 // exp's error is not magnified; with |x| < 0.35 tanh_f32 had 6.5 ulps at 0.2).
 fn expm1_f32(x: f32) -> f32 {
     if !(abs(x) < 1.0f) {
+        if (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u {
+            return x;  // NaN (SwiftShader's exp(NaN) is inf)
+        }
         return exp(x) - 1.0f;
     }
     return x * (1.0f + x * (0.5f + x * (0.16666667f + x * (0.041666668f + x * (0.008333334f
@@ -166,13 +181,92 @@ fn tanh_f32(x: f32) -> f32 {
 }
 
 //! snippet log_f32
-// log x near 1 by log1p's series (x - 1 is exact there): lavapipe's log has only WGSL's absolute
-// error bound (2^-21) on [0.5, 2], 2e6 ulps of log(1 - 6e-8).
+// log x for every x: x = m 2^e from its bits (a subnormal scaled by 2^25 first), m in [sqrt(1/2),
+// sqrt(2)), and log x = e log 2 + log1p(m - 1) (m - 1 is exact) by log1p_f32's series, log 2 in two
+// parts. WGSL bounds log only absolutely on [0.5, 2] (lavapipe: 2e6 ulps of log(1 - 6e-8)) and says
+// nothing at the edges (SwiftShader: log 0 = -88, log -1 = 0, log NaN = 89): here log +-0 = -inf,
+// log inf = inf, NaN below 0 and for NaN.
 fn log_f32(x: f32) -> f32 {
-    if x > 0.70710677f && x < 1.4142135f {
-        return log1p_f32(x - 1.0f);
+    var b = bitcast<u32>(x);
+    if b == 0u || b == 0x80000000u {
+        let minus_inf_bits = 0xff800000u;  // (a let: Chrome refuses a non-finite constant expression)
+        return bitcast<f32>(minus_inf_bits);
     }
-    return log(x);
+    if b >= 0x7f800000u {  // +inf, NaN, or negative
+        let nan_bits = 0x7fc00000u;
+        return select(bitcast<f32>(nan_bits), x, b == 0x7f800000u);
+    }
+    var e = 0i;
+    if b < 0x00800000u {
+        b = bitcast<u32>(x * 33554432.0f);
+        e = -25i;
+    }
+    e += i32(b >> 23u) - 127i;
+    var m = bitcast<f32>((b & 0x007fffffu) | 0x3f800000u);
+    if m > 1.4142135f {
+        m = m * 0.5f;
+        e += 1i;
+    }
+    let f = m - 1.0f;
+    let s = f / (2.0f + f);
+    let z = s * s;
+    let l = s * (2.0f + z * (0.6666667f + z * (0.4f + z * (0.2857143f + z * 0.22222222f))));
+    let ef = f32(e);
+    return ef * 0.69314575f + (ef * 1.4286068e-6f + l);
+}
+
+//! snippet tan_f32
+// tan x = sin x / cos x from sincos_f32 (one reduction for both).
+fn tan_f32(x: f32) -> f32 {
+    let v = sincos_f32(x);
+    return v.x / v.y;
+}
+
+//! snippet sin_f32
+// sin x from sincos_f32: WGSL bounds sin only absolutely (2^-11 on [-pi, pi]; SwiftShader's gives
+// 0 for sin 1e-30 and 11-17 ulps for cos near 0).
+fn sin_f32(x: f32) -> f32 {
+    return sincos_f32(x).x;
+}
+
+//! snippet cos_f32
+// cos x from sincos_f32 (see sin_f32).
+fn cos_f32(x: f32) -> f32 {
+    return sincos_f32(x).y;
+}
+
+//! snippet sincos_f32
+// (sin x, cos x) within a few ulps for |x| <= 8192, WGSL's sin and cos beyond (and NaN for inf and
+// NaN). |x| = q pi / 2 + z with |z| <= pi / 4: q from |x| 4 / pi rounded up to even, z by
+// subtracting q pi / 2 in four parts (three of 10 bits, whose products are exact here), then the
+// minimax polynomials of sin and cos on [-pi / 4, pi / 4] (Cephes' sinf / cosf coefficients), whose
+// values swap and change sign by quadrant.
+fn sincos_f32(x: f32) -> vec2<f32> {
+    let a = abs(x);
+    if !(a <= 8192.0f) {
+        return vec2<f32>(sin(x), cos(x));
+    }
+    var j = u32(a * 1.2732395f);
+    j = j + (j & 1u);
+    let y = f32(j);
+    let z = (((a - y * 0.78515625f) - y * 0.00024199486f) + y * 8.1490725e-8f) - y * 3.0385503e-11f;
+    let zz = z * z;
+    let s = z + z * zz * ((-1.9515296e-4f * zz + 8.3321608e-3f) * zz - 1.6666655e-1f);
+    let c = (1.0f - 0.5f * zz) + zz * zz * ((2.4433157e-5f * zz - 1.3887316e-3f) * zz + 4.1666646e-2f);
+    let q = (j >> 1u) & 3u;
+    let odd = (q & 1u) == 1u;
+    var sn = select(s, c, odd);
+    var cs = select(c, s, odd);
+    if q == 1u || q == 2u {
+        cs = -cs;
+    }
+    if q >= 2u {
+        sn = -sn;
+    }
+    if (bitcast<u32>(x) & 0x80000000u) != 0u {
+        sn = -sn;
+    }
+    return vec2<f32>(sn, cs);
 }
 
 //! snippet atan2_f32

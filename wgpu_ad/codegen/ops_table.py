@@ -145,9 +145,10 @@ ALU: dict[Op, Spelling | Callable[[Stmt, list[str]], str]] = {
     Op.NEG: Spelling(f="-{0}", i="-{0}", u="0u - {0}"),
     Op.ABS: num("abs({0})"),
     Op.SIGN: Spelling(f="sign({0})", i="sign({0})", u="select(0u, 1u, {0} != 0u)"),
-    Op.SIN: floats("sin({0})"),
-    Op.COS: floats("cos({0})"),
-    Op.TAN: floats("tan({0})"),
+    # WGSL bounds sin / cos only absolutely, 2^-11 on [-pi, pi] (SwiftShader's: sin 1e-30 = 0)
+    Op.SIN: helper("sin_f32"),
+    Op.COS: helper("cos_f32"),
+    Op.TAN: helper("tan_f32"),
     # atan2 forms: lavapipe's asin/acos lose ~4e-4 near +-1, its atan / atan2 350 ulps everywhere;
     # atan2_f32 of shaders/math.wgsl stays within a few (tests/test_math_accuracy.py has the bounds)
     Op.ASIN: Spelling(f="atan2_f32({0}, sqrt((1.0 - {0}) * (1.0 + {0})))",
@@ -157,7 +158,7 @@ ALU: dict[Op, Spelling | Callable[[Stmt, list[str]], str]] = {
     Op.ATAN: helper("atan_f32"),
     Op.TANH: helper("tanh_f32"),                  # lavapipe's: 0.44 of the value off near 1e-7
     Op.EXP: floats("exp({0})"),
-    Op.LOG: helper("log_f32"),                    # lavapipe's: an absolute error bound near 1
+    Op.LOG: helper("log_f32"),                    # WGSL's: an absolute error bound near 1, no edges
     Op.SQRT: floats("sqrt({0})"),
     Op.RSQRT: floats("inverseSqrt({0})"),
     # WGSL's asinh / acosh / atanh may be log(x + sqrt(x * x + 1.0)) ... (lavapipe's are): helpers
@@ -205,7 +206,8 @@ ALU: dict[Op, Spelling | Callable[[Stmt, list[str]], str]] = {
 
 # helper functions of shaders/math.wgsl that spellings may call; one a helper calls comes after it
 MATH_HELPERS = ("floordiv_i32", "mod_i32", "pow_f32", "pow_i32", "pow_u32", "asinh_f32", "acosh_f32",
-                "atanh_f32", "tanh_f32", "log_f32", "log1p_f32", "expm1_f32", "atan2_f32", "atan_f32", "bits_f32")
+                "atanh_f32", "tanh_f32", "log1p_f32", "log_f32", "expm1_f32", "atan2_f32", "atan_f32",
+                "tan_f32", "sin_f32", "cos_f32", "sincos_f32", "bits_f32")
 
 
 def spell(s: Stmt, operands: list[str]) -> str | None:
