@@ -46,9 +46,11 @@ reads every element of every float field into the loss.
 Gradients stopped on purpose, and checkpoints (drawn from an RNG of their own, so that they
 change little else of a program): in about two fifths of the programs some scalar, vector and
 matrix expressions are wrapped in ti.stop_grad(...); a kernel sometimes starts its loop with
-ti.stop_grad(x) for a field x the loop reads and the kernel does not write; a kernel that only
-accumulates is sometimes @ti.ad.no_grad (see kernel() on why only those); and a kernel launched
-once, returning nothing, sometimes becomes the step of
+ti.stop_grad(x) for a field x the loop reads and the kernel does not write; a kernel is sometimes
+@ti.ad.no_grad (one that only accumulates more often than one that overwrites, whose last stores
+are then sometimes under a condition on data; none with atomic max / min, and none that reads what
+it overwrites but in that element's own store: see kernel()); and a kernel launched once,
+returning nothing, sometimes becomes the step of
 ti.ad.checkpoint(step, 2 or 3, [every field it writes but the loss], None, schedule). The
 shim's central differences hold what is stopped at its unperturbed value (fuzz_shim.py says how).
 A `while` loop's condition sometimes has a condition on data too (`while k < 3 and e < c:`).
@@ -720,18 +722,22 @@ class Generator:
         # read what its top level overwrites (the next launch would overwrite what this one read)
         repeat = bool(self.k.args) and rec is None and ext is None and self.chance(0.4)
         written = [t for t, _ in targets if t != "loss"] + [f for f in (pro, rec, scat, ext) if f is not None]
-        # @ti.ad.no_grad: run forward, no backward. Only for a kernel that only accumulates (+=):
-        # the gradient of what it adds to passes it unchanged whether its writes count as constant
-        # offsets or as skipped (Taichi); for an overwrite the two differ (docs/autodiff.md)
+        # @ti.ad.no_grad: run forward, no backward (docs/autodiff.md): what it overwrites gets a
+        # gradient of 0, what it accumulates into (+=, -=, atomic add / sub) passes its gradient on.
+        # Not with atomic max / min (X: neither an overwrite nor an accumulation). A no_grad kernel
+        # reads nothing it overwrites but in that element's own store (`x[i] = 0.5 * x[i] + e`):
+        # its backward pass finds which elements it overwrote by running its control flow again
+        # from the fields after the launch, which then hold what it read (see no_grad_overwrites)
         only_adds = all(how == "add" for _, how in targets) and not (pro or rec or scat or ext)
-        no_grad = only_adds and self.frng.random() < 0.4
+        no_grad = ext is None and self.frng.random() < (0.4 if only_adds else 0.1)
         if no_grad:
             self.emit(1, "@ti.ad.no_grad")
+            self.k.hidden |= set(self.k.stored)
         self.emit(1, "@ti.kernel")
         start = len(self.out)
         self.emit(1, f"def {name}(ARGS)" + (" -> ti.f32:" if ret else ":"))
         if pro is not None:
-            self.prologue(pro)
+            self.prologue(pro, no_grad)
             if repeat:
                 self.k.hidden.add(pro)
         fields = [f for f in self.kinds if f not in self.nd]  # a struct-for runs over a field only
@@ -764,7 +770,11 @@ class Generator:
         if kind == "reduce":
             self.emit(3, f"s += {self.expr(sc)}")
         for t, how in targets:  # every target written at least once
-            self.write(sc, 3, [(t, how)])
+            if how == "store" and no_grad and self.frng.random() < 0.5:
+                self.emit(3, f"if {self.cond(sc)}:")  # not every element: the others keep their gradients
+                self.write(sc, 4, [(t, how)])
+            else:
+                self.write(sc, 3, [(t, how)])
         if kind == "reduce":
             dest = "w" if "w" in self.k.added else "loss"
             self.k.added.add(dest)
@@ -805,12 +815,13 @@ class Generator:
         schedule = ["revolve", "bisect", "sqrt", "store_all"][int(self.frng.integers(4))]
         self.launches.append(f"(ti.ad.checkpoint, ({step}, {steps}, [{', '.join(state)}], None, {schedule!r}))")
 
-    def prologue(self, g: str) -> None:
+    def prologue(self, g: str, no_grad: bool) -> None:
         """Top-level code before the loop (one thread, run once) that reads the 0-d field g and
         then overwrites it, as in Taichi's data-access rules #1 and #2; it reads no field the
-        loop writes (an earlier dispatch), and the loop may read g."""
+        loop writes (an earlier dispatch), and the loop may read g. In a no_grad kernel its
+        expressions do not read g (`g = e * g + e'` stays an overwrite: e' is not g + ...)."""
         saved = set(self.k.hidden)
-        self.k.hidden |= set(self.k.stored)
+        self.k.hidden |= set(self.k.stored) | ({g} if no_grad else set())
         sc = _Scope([str(int(self.rng.integers(self.n)))])  # a constant index where a loop's would be
         if self.chance(0.5):
             self.emit(2, f"{g}[None] = {self.expr(sc, 2)} * {g}[None] + {self.expr(sc, 2)}")
