@@ -6,6 +6,8 @@ keeps the old value, whose gradient passes through. References are analytic.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -364,3 +366,51 @@ def test_which_elements_it_overwrote_in_each_of_several_steps(checkpointed):
     # s[1] = x_1 (1 + 1.5 + 1.5^2) never flips: 4.75
     np.testing.assert_allclose(s.to_numpy(), [-1.375, -0.3 * 4.75], rtol=1e-6)
     np.testing.assert_allclose(x.grad.to_numpy(), [1.0, 4.75], rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["reverse", "forward"])
+def test_a_no_grad_kernel_returning_a_kernel_scope_sum_still_zeroes_what_it_overwrites(mode):
+    """Its zeroing kernel kept the return statement, which reads the sum's scratch buffer: it was
+    refused ('depends on a kernel-scope sum', a GradientWarning) and T's old gradient passed on to
+    whatever wrote T before (the fuzzer's seed 86)."""
+    a = ti.field(ti.f32, shape=3, needs_grad=True, needs_dual=True)
+    T = ti.field(ti.f32, shape=3, needs_grad=True, needs_dual=True)
+    L = ti.field(ti.f32, shape=(), needs_grad=True, needs_dual=True)
+    a.from_numpy(np.array([0.5, -0.3, 0.2], np.float32))
+
+    @ti.kernel
+    def fill():
+        for i in a:
+            T[i] = 2.0 * a[i]
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def shrink() -> ti.f32:
+        s = 0.0
+        for i in a:
+            s += a[i]
+            T[i] = T[i] * 0.75 + a[i]
+        return s
+
+    @ti.kernel
+    def total():
+        for i in T:
+            L[None] += T[i] + a[i] * a[i]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ti.ad.GradientWarning)
+        if mode == "reverse":
+            with ti.ad.Tape(loss=L):
+                fill()
+                assert shrink() == pytest.approx(0.4, rel=1e-6)
+                total()
+            got = a.grad.to_numpy()
+        else:
+            with ti.ad.FwdMode(loss=L, param=a, seed=[1.0, 0.0, 0.0]):
+                fill()
+                shrink()
+                total()
+            got = L.dual[None]
+    # T is a constant after shrink: dL/da = 2a only
+    want = 2 * a.to_numpy().astype(np.float64)
+    np.testing.assert_allclose(got, want if mode == "reverse" else want[0], rtol=1e-6)

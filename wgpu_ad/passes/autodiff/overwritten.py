@@ -11,7 +11,8 @@ passes through unchanged, as skipping gives.
 So the backward pass of a no_grad kernel is this kernel, made from its forward IR: each plain
 store to a float buffer that has a gradient becomes a store of 0 to that gradient at the same
 index, unless it stores the element's own value plus or minus something (`y[i] += v` that one
-thread owns, made a read-modify-write); every other store, atomic, print and assert goes. What remains computes only the indices
+thread owns, made a read-modify-write); every other store, atomic, print and assert goes, and so
+does the return value. What remains computes only the indices
 and the control flow of those stores, from the fields as they are at the backward pass (as every
 adjoint replays its forward). A value it cannot recompute there (a random number, the old value an
 atomic returned) that the indices or the control flow need makes it unavailable (`why`).
@@ -88,12 +89,21 @@ def zeroing_kernel(kernel: Kernel, grad_source: Callable, replay: tuple = (),
                 continue
             if s.op in (Op.PRINT, Op.ASSERT):
                 continue
+            if s.op is Op.RETURN:  # its value is not needed (a kernel-scope sum's, often): only where it ends
+                dt = s.args[0].dtype
+                value = Stmt(Op.CONST, dt, [], 0.0 if dt.is_float else 0, loc=s.loc)
+                s.args = [value]
+                out.append(value)
             out.append(s)
         block.stmts = out
 
     for t in k.tasks:
         for blk in (t.bounds, t.body, t.epilogue):
             rewrite(blk)
+            if blk.stmts and blk.stmts[-1].op is Op.RETURN:
+                blk.stmts[-2:] = []  # (and its constant) at the end: nothing to return, no read-back
+    if not any(s.op is Op.RETURN for s in walk_kernel(k)):
+        k.ret = None
     if not grads:
         return None, []
     if replay:
