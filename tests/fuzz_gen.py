@@ -48,9 +48,9 @@ change little else of a program): in about two fifths of the programs some scala
 matrix expressions are wrapped in ti.stop_grad(...); a kernel sometimes starts its loop with
 ti.stop_grad(x) for a field x the loop reads and the kernel does not write; a kernel is sometimes
 @ti.ad.no_grad (one that only accumulates more often than one that overwrites, whose last stores
-are then sometimes under a condition on data; none with atomic max / min, and none that reads what
-it overwrites but in that element's own store: see kernel()); and a kernel launched once,
-returning nothing, sometimes becomes the step of
+are then sometimes under a condition on data; none with atomic max / min; one reads what it
+overwrites only in that element's own store and in conditions: see kernel()); and a kernel
+launched once, returning nothing, sometimes becomes the step of
 ti.ad.checkpoint(step, 2 or 3, [every field it writes but the loss], None, schedule). The
 shim's central differences hold what is stopped at its unperturbed value (fuzz_shim.py says how).
 A `while` loop's condition sometimes has a condition on data too (`while k < 3 and e < c:`).
@@ -123,6 +123,7 @@ class _Kernel:
     reads: set = field(default_factory=set)        # fields read
     flat: bool = False                             # no serial loops: a stencil's body (gatherable adjoint)
     hidden: set = field(default_factory=set)       # written by a shape of their own: read by nothing else here
+    sealed: set = field(default_factory=set)       # a no_grad kernel's overwritten fields: read in conditions only
 
 
 class _Scope:
@@ -404,7 +405,12 @@ class Generator:
                           f"{u}.dot({a} @ {self.vexpr(sc, max(d - 1, 0))})"])
 
     def cond(self, sc: _Scope) -> str:
-        return f"{self.expr(sc, 2)} {self.pick(['<', '>'])} {self.const(-0.5, 0.5)}"
+        hidden = self.k.hidden
+        self.k.hidden = hidden - self.k.sealed
+        try:
+            return f"{self.expr(sc, 2)} {self.pick(['<', '>'])} {self.const(-0.5, 0.5)}"
+        finally:
+            self.k.hidden = hidden
 
     # ---- helpers (@ti.func) ------------------------------------------------------------------------
     def helper(self) -> None:
@@ -725,14 +731,16 @@ class Generator:
         # @ti.ad.no_grad: run forward, no backward (docs/autodiff.md): what it overwrites gets a
         # gradient of 0, what it accumulates into (+=, -=, atomic add / sub) passes its gradient on.
         # Not with atomic max / min (X: neither an overwrite nor an accumulation). A no_grad kernel
-        # reads nothing it overwrites but in that element's own store (`x[i] = 0.5 * x[i] + e`):
-        # its backward pass finds which elements it overwrote by running its control flow again
-        # from the fields after the launch, which then hold what it read (see no_grad_overwrites)
+        # reads what it overwrites only in that element's own store (`x[i] = 0.5 * x[i] + e`) and
+        # in conditions (which elements it overwrites then depends on them: its backward pass
+        # replays its control flow from copies taken before the launch): never into a local, so
+        # that `x[i] = u + e` with `u = x[i]` (an accumulation, in the IR) cannot be written
         only_adds = all(how == "add" for _, how in targets) and not (pro or rec or scat or ext)
         no_grad = ext is None and self.frng.random() < (0.4 if only_adds else 0.1)
         if no_grad:
             self.emit(1, "@ti.ad.no_grad")
-            self.k.hidden |= set(self.k.stored)
+            self.k.sealed = set(self.k.stored)
+            self.k.hidden |= self.k.sealed
         self.emit(1, "@ti.kernel")
         start = len(self.out)
         self.emit(1, f"def {name}(ARGS)" + (" -> ti.f32:" if ret else ":"))

@@ -15,7 +15,8 @@ from fuzz_gen import Program, generate
 
 CI_SEEDS = range(100)   # tests/test_fuzz.py's default WGPU_AD_FUZZ_EXAMPLES
 
-_NO_GRAD_BODY = r"^ {4}@ti\.ad\.no_grad\n {4}@ti\.kernel\n {4}def .*\n(?: {8}.*\n)*?"   # up to a line of its body
+_NO_GRAD_HEAD = r"^ {4}@ti\.ad\.no_grad\n {4}@ti\.kernel\n {4}def .*\n"
+_NO_GRAD_BODY = _NO_GRAD_HEAD + r"(?: {8}.*\n)*?"   # up to a line of its body
 _STORE = r"(?:[abvmwMq]|n[av]|[TGRP]\d+)\[[^\n=]*\](?:\[[^\]\n]*\])? (?:=|\*=) "   # x[..] = or x[..][r, c] = (a field)
 
 # feature -> a pattern of the program's source
@@ -26,6 +27,10 @@ FEATURES = {
     # a store (not an accumulation) to a field in a no_grad kernel; and one under an `if`
     "@ti.ad.no_grad kernel that overwrites": _NO_GRAD_BODY + r" {8,}" + _STORE,
     "@ti.ad.no_grad kernel that overwrites some elements": _NO_GRAD_BODY + r" {12}if [^\n]*:\n {16}" + _STORE,
+    # ... and reads a field it stores (the first one) in a condition
+    "@ti.ad.no_grad kernel with a condition on what it overwrites":
+        _NO_GRAD_HEAD + r"(?=(?: {8}.*\n)*? {8,}(\w+)\[[^\n=]*\](?:\[[^\]\n]*\])? = )"
+        r"(?: {8}.*\n)*? {8,}(?:if|elif|while) [^\n]*\b\1\[",
     "ti.ad.checkpoint": r"\(ti\.ad\.checkpoint, \(step\d+, [23], \[",
     "while loop": r"^\s+while \w+ < ",
     "while loop with a condition on data": r"^\s+while \w+ < \S+ and ",
@@ -37,6 +42,7 @@ FEATURES = {
 # how many of the 100 programs must have each (about half of what the generator gives today)
 AT_LEAST = {"ti.stop_grad(value)": 15, "ti.stop_grad(field) in a loop": 15, "@ti.ad.no_grad kernel": 10,
             "@ti.ad.no_grad kernel that overwrites": 6, "@ti.ad.no_grad kernel that overwrites some elements": 4,
+            "@ti.ad.no_grad kernel with a condition on what it overwrites": 1,
             "ti.ad.checkpoint": 8, "while loop": 8, "while loop with a condition on data": 5,
             "ndarray argument": 20, "kernel returning a value": 4, "float scalar argument": 20,
             "template argument": 25}
