@@ -414,3 +414,42 @@ def test_a_no_grad_kernel_returning_a_kernel_scope_sum_still_zeroes_what_it_over
     # T is a constant after shrink: dL/da = 2a only
     want = 2 * a.to_numpy().astype(np.float64)
     np.testing.assert_allclose(got, want if mode == "reverse" else want[0], rtol=1e-6)
+
+
+def test_a_condition_on_what_it_stored_just_before_needs_no_copy():
+    """`mask[i] = ti.random(); if mask[i] < p: y[i] = 0`: the condition reads what the launch
+    leaves in mask, so the zeroing reads mask as it is (a replay would need the random numbers:
+    it warned and zeroed nothing)."""
+    x = ti.field(ti.f32, shape=64, needs_grad=True)
+    y = ti.field(ti.f32, shape=64, needs_grad=True)
+    mask = ti.field(ti.f32, shape=64, needs_grad=True)
+    L = ti.field(ti.f32, shape=(), needs_grad=True)
+    x.fill(1.0)
+
+    @ti.kernel
+    def double():
+        for i in x:
+            y[i] = 2.0 * x[i]
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def drop():
+        for i in y:
+            mask[i] = ti.random()
+            if mask[i] < 0.5:
+                y[i] = 0.0
+
+    @ti.kernel
+    def total():
+        for i in y:
+            L[None] += y[i]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ti.ad.GradientWarning)
+        with ti.ad.Tape(loss=L):
+            double()
+            drop()
+            total()
+    m = mask.to_numpy()
+    assert 0 < (m < 0.5).sum() < 64
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.where(m < 0.5, 0.0, 2.0))

@@ -135,11 +135,39 @@ def _redirect(k: Kernel, replay: tuple, snapshot: Callable) -> None:
 
 def replayed(kernel: Kernel, zeroing: Kernel, replayable: Callable) -> tuple:
     """The sources of the buffers `kernel` writes that its optimised zeroing kernel reads (the
-    indices or the control flow of its overwrites), in order, that `replayable(source)` allows."""
+    indices or the control flow of its overwrites), in order, that `replayable(source)` allows,
+    but those whose every read reads what the launch leaves there (_reads_what_it_leaves)."""
     written = {(s.attr if s.op is Op.GLOBAL_STORE else s.attr[1]).source for s in walk_kernel(kernel)
                if s.op in (Op.GLOBAL_STORE, Op.ATOMIC)}
     read = (s.attr.source for s in walk_kernel(zeroing) if s.op is Op.GLOBAL_LOAD and not s.attr.grad)
-    return tuple(dict.fromkeys(src for src in read if src in written and replayable(src)))
+    return tuple(src for src in dict.fromkeys(read)
+                 if src in written and replayable(src) and not _reads_what_it_leaves(kernel, src))
+
+
+def _reads_what_it_leaves(kernel: Kernel, src) -> bool:
+    """Whether every read of the buffer of `src` reads the value the launch leaves in that element
+    (`mask[i] = ti.random(); if mask[i] < p: ...`, where replaying would need the random number):
+    one plain store to it, in no serial loop, and each load after it in its block (or in a statement
+    after it there), at the same index."""
+    stores, loads = [], []
+
+    def visit(block: Block, path: tuple, in_loop: bool) -> None:
+        for n, s in enumerate(block.stmts):
+            here = path + ((id(block), n),)
+            buf = s.attr[1] if s.op is Op.ATOMIC else s.attr
+            if s.op in (Op.GLOBAL_STORE, Op.ATOMIC) and buf.source == src:
+                stores.append((s, here, in_loop or s.op is Op.ATOMIC))
+            elif s.op is Op.GLOBAL_LOAD and buf.source == src:
+                loads.append((s, here))
+            for b in s.blocks:
+                visit(b, here, in_loop or s.op in (Op.RANGE_FOR, Op.WHILE))
+    for t in kernel.tasks:
+        for blk in (t.bounds, t.body, t.epilogue):
+            visit(blk, (), False)
+    if len(stores) != 1 or stores[0][2]:
+        return False
+    store, (*_, (block, at)), _ = stores[0]
+    return all(x.args[0] is store.args[0] and any(b == block and n > at for b, n in where) for x, where in loads)
 
 
 def _accumulates(store: Stmt) -> bool:
