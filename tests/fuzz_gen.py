@@ -826,16 +826,20 @@ class Generator:
     def prologue(self, g: str, no_grad: bool) -> None:
         """Top-level code before the loop (one thread, run once) that reads the 0-d field g and
         then overwrites it, as in Taichi's data-access rules #1 and #2; it reads no field the
-        loop writes (an earlier dispatch), and the loop may read g. In a no_grad kernel its
-        expressions do not read g (`g = e * g + e'` stays an overwrite: e' is not g + ...)."""
+        loop writes (an earlier dispatch), and the loop may read g. In a no_grad kernel
+        `g = e * g + e'` and `g *= e` must stay overwrites: e' does not read g, and e is a
+        constant below 1 (`(ti.exp(ti.tanh(0 * 0.17)) + 0 * 0.38) * g + e'` folds to g + e', an
+        accumulation in the IR as `g = g + c` is: fuzz seed 6027)."""
         saved = set(self.k.hidden)
         self.k.hidden |= set(self.k.stored) | ({g} if no_grad else set())
         sc = _Scope([str(int(self.rng.integers(self.n)))])  # a constant index where a loop's would be
+        factor = (lambda: self.const(0.2, 0.9)) if no_grad else (lambda: self.expr(sc, 2))
         if self.chance(0.5):
-            self.emit(2, f"{g}[None] = {self.expr(sc, 2)} * {g}[None] + {self.expr(sc, 2)}")
+            self.emit(2, f"{g}[None] = {factor()} * {g}[None] + {self.expr(sc, 2)}")
         else:
             self.emit(2, f"{g}[None] += {self.expr(sc, 2)}")
-            self.emit(2, f"{g}[None] {self.pick(['*=', '-='])} {self.expr(sc, 2)}")
+            op = self.pick(['*=', '-='])
+            self.emit(2, f"{g}[None] {op} {factor() if op == '*=' else self.expr(sc, 2)}")
         self.k.hidden = saved
 
     def recurrence(self, sc: _Scope, depth: int, r: str) -> None:
