@@ -46,9 +46,11 @@ reads every element of every float field into the loss.
 Gradients stopped on purpose, and checkpoints (drawn from an RNG of their own, so that they
 change little else of a program): in about two fifths of the programs some scalar, vector and
 matrix expressions are wrapped in ti.stop_grad(...); a kernel sometimes starts its loop with
-ti.stop_grad(x) for a field x the loop reads and the kernel does not write; a kernel that only
-accumulates is sometimes @ti.ad.no_grad (see kernel() on why only those); and a kernel launched
-once, returning nothing, sometimes becomes the step of
+ti.stop_grad(x) for a field x the loop reads and the kernel does not write; a kernel is sometimes
+@ti.ad.no_grad (one that only accumulates more often than one that overwrites, whose last stores
+are then sometimes under a condition on data; none with atomic max / min; one reads what it
+overwrites only in that element's own store and in conditions: see kernel()); and a kernel
+launched once, returning nothing, sometimes becomes the step of
 ti.ad.checkpoint(step, 2 or 3, [every field it writes but the loss], None, schedule). The
 shim's central differences hold what is stopped at its unperturbed value (fuzz_shim.py says how).
 A `while` loop's condition sometimes has a condition on data too (`while k < 3 and e < c:`).
@@ -121,6 +123,7 @@ class _Kernel:
     reads: set = field(default_factory=set)        # fields read
     flat: bool = False                             # no serial loops: a stencil's body (gatherable adjoint)
     hidden: set = field(default_factory=set)       # written by a shape of their own: read by nothing else here
+    sealed: set = field(default_factory=set)       # a no_grad kernel's overwritten fields: read in conditions only
 
 
 class _Scope:
@@ -402,7 +405,12 @@ class Generator:
                           f"{u}.dot({a} @ {self.vexpr(sc, max(d - 1, 0))})"])
 
     def cond(self, sc: _Scope) -> str:
-        return f"{self.expr(sc, 2)} {self.pick(['<', '>'])} {self.const(-0.5, 0.5)}"
+        hidden = self.k.hidden
+        self.k.hidden = hidden - self.k.sealed
+        try:
+            return f"{self.expr(sc, 2)} {self.pick(['<', '>'])} {self.const(-0.5, 0.5)}"
+        finally:
+            self.k.hidden = hidden
 
     # ---- helpers (@ti.func) ------------------------------------------------------------------------
     def helper(self) -> None:
@@ -720,18 +728,24 @@ class Generator:
         # read what its top level overwrites (the next launch would overwrite what this one read)
         repeat = bool(self.k.args) and rec is None and ext is None and self.chance(0.4)
         written = [t for t, _ in targets if t != "loss"] + [f for f in (pro, rec, scat, ext) if f is not None]
-        # @ti.ad.no_grad: run forward, no backward. Only for a kernel that only accumulates (+=):
-        # the gradient of what it adds to passes it unchanged whether its writes count as constant
-        # offsets or as skipped (Taichi); for an overwrite the two differ (docs/autodiff.md)
+        # @ti.ad.no_grad: run forward, no backward (docs/autodiff.md): what it overwrites gets a
+        # gradient of 0, what it accumulates into (+=, -=, atomic add / sub) passes its gradient on.
+        # Not with atomic max / min (X: neither an overwrite nor an accumulation). A no_grad kernel
+        # reads what it overwrites only in that element's own store (`x[i] = 0.5 * x[i] + e`) and
+        # in conditions (which elements it overwrites then depends on them: its backward pass
+        # replays its control flow from copies taken before the launch): never into a local, so
+        # that `x[i] = u + e` with `u = x[i]` (an accumulation, in the IR) cannot be written
         only_adds = all(how == "add" for _, how in targets) and not (pro or rec or scat or ext)
-        no_grad = only_adds and self.frng.random() < 0.4
+        no_grad = ext is None and self.frng.random() < (0.4 if only_adds else 0.1)
         if no_grad:
             self.emit(1, "@ti.ad.no_grad")
+            self.k.sealed = set(self.k.stored)
+            self.k.hidden |= self.k.sealed
         self.emit(1, "@ti.kernel")
         start = len(self.out)
         self.emit(1, f"def {name}(ARGS)" + (" -> ti.f32:" if ret else ":"))
         if pro is not None:
-            self.prologue(pro)
+            self.prologue(pro, no_grad)
             if repeat:
                 self.k.hidden.add(pro)
         fields = [f for f in self.kinds if f not in self.nd]  # a struct-for runs over a field only
@@ -764,7 +778,11 @@ class Generator:
         if kind == "reduce":
             self.emit(3, f"s += {self.expr(sc)}")
         for t, how in targets:  # every target written at least once
-            self.write(sc, 3, [(t, how)])
+            if how == "store" and no_grad and self.frng.random() < 0.5:
+                self.emit(3, f"if {self.cond(sc)}:")  # not every element: the others keep their gradients
+                self.write(sc, 4, [(t, how)])
+            else:
+                self.write(sc, 3, [(t, how)])
         if kind == "reduce":
             dest = "w" if "w" in self.k.added else "loss"
             self.k.added.add(dest)
@@ -805,18 +823,23 @@ class Generator:
         schedule = ["revolve", "bisect", "sqrt", "store_all"][int(self.frng.integers(4))]
         self.launches.append(f"(ti.ad.checkpoint, ({step}, {steps}, [{', '.join(state)}], None, {schedule!r}))")
 
-    def prologue(self, g: str) -> None:
+    def prologue(self, g: str, no_grad: bool) -> None:
         """Top-level code before the loop (one thread, run once) that reads the 0-d field g and
         then overwrites it, as in Taichi's data-access rules #1 and #2; it reads no field the
-        loop writes (an earlier dispatch), and the loop may read g."""
+        loop writes (an earlier dispatch), and the loop may read g. In a no_grad kernel
+        `g = e * g + e'` and `g *= e` must stay overwrites: e' does not read g, and e is a
+        constant below 1 (`(ti.exp(ti.tanh(0 * 0.17)) + 0 * 0.38) * g + e'` folds to g + e', an
+        accumulation in the IR as `g = g + c` is: fuzz seed 6027)."""
         saved = set(self.k.hidden)
-        self.k.hidden |= set(self.k.stored)
+        self.k.hidden |= set(self.k.stored) | ({g} if no_grad else set())
         sc = _Scope([str(int(self.rng.integers(self.n)))])  # a constant index where a loop's would be
+        factor = (lambda: self.const(0.2, 0.9)) if no_grad else (lambda: self.expr(sc, 2))
         if self.chance(0.5):
-            self.emit(2, f"{g}[None] = {self.expr(sc, 2)} * {g}[None] + {self.expr(sc, 2)}")
+            self.emit(2, f"{g}[None] = {factor()} * {g}[None] + {self.expr(sc, 2)}")
         else:
             self.emit(2, f"{g}[None] += {self.expr(sc, 2)}")
-            self.emit(2, f"{g}[None] {self.pick(['*=', '-='])} {self.expr(sc, 2)}")
+            op = self.pick(['*=', '-='])
+            self.emit(2, f"{g}[None] {op} {factor() if op == '*=' else self.expr(sc, 2)}")
         self.k.hidden = saved
 
     def recurrence(self, sc: _Scope, depth: int, r: str) -> None:

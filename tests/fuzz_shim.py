@@ -111,13 +111,61 @@ def noting(on: bool) -> None:
     _noting[0] = on
 
 
+class _Overwrites(ast.NodeTransformer):
+    """In a @ti.ad.no_grad kernel, each store that overwrites an element of a field (not `x[k] +=
+    e`, `-=`, nor `x[k] = x[k] + e` or `x[k] - e`: accumulations, docs/autodiff.md) first tells
+    `stops` which element, or which entry of a vector or matrix element (`_fuzz_over(x, k)`,
+    `_fuzz_over(x[k], (r, c))`); stores to locals tell it nothing. Runs after _Atomics (an atomic
+    add is `x[k] = x[k] + e` then)."""
+
+    def visit_FunctionDef(self, node):
+        if any(ast.unparse(d) == "ti.ad.no_grad" for d in node.decorator_list):
+            return _MarkStores().visit(node)
+        return self.generic_visit(node)   # (the kernels are defined inside build())
+
+
+class _MarkStores(ast.NodeTransformer):
+    def visit_Assign(self, node):
+        (target,) = node.targets
+        if not isinstance(target, ast.Subscript) or _accumulates(node.value, ast.dump(_with_ctx(target, ast.Load()))):
+            return node
+        return [_mark(target, node), node]
+
+    def visit_AugAssign(self, node):
+        if not isinstance(node.target, ast.Subscript) or isinstance(node.op, (ast.Add, ast.Sub)):
+            return node
+        return [_mark(node.target, node), node]
+
+
+def _accumulates(value, target: str) -> bool:
+    """Is `value` the target's own old value plus or minus something (`x[k] + e`, `e + x[k]`,
+    `x[k] - e`, and sums of those)?"""
+    if ast.dump(value) == target:
+        return True
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
+        return _accumulates(value.left, target) or _accumulates(value.right, target)
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Sub):
+        return _accumulates(value.left, target)
+    return False
+
+
+def _mark(target, node):
+    call = ast.Call(ast.Name("_fuzz_over", ast.Load()),
+                    [_with_ctx(target.value, ast.Load()), _with_ctx(target.slice, ast.Load())], [])
+    return ast.fix_missing_locations(ast.copy_location(ast.Expr(call), node))
+
+
+def _fuzz_over(obj, key) -> None:
+    stops.overwrite(obj, key)
+
+
 def run_module(source: str, filename: str = "<fuzz>", instrument: bool = True) -> dict:
-    """Execute `source` with comparisons instrumented (unless not `instrument`); returns its
-    namespace."""
-    tree = ast.fix_missing_locations(_Atomics().visit(ast.parse(source)))
+    """Execute `source` with comparisons instrumented (unless not `instrument`) and the
+    overwrites of no_grad kernels marked; returns its namespace."""
+    tree = ast.fix_missing_locations(_Overwrites().visit(_Atomics().visit(ast.parse(source))))
     if instrument:
         tree = ast.fix_missing_locations(_Comparisons().visit(tree))
-    ns = {"_fuzz_cmp": _fuzz_cmp, "__name__": "fuzz_shim_program"}
+    ns = {"_fuzz_cmp": _fuzz_cmp, "_fuzz_over": _fuzz_over, "__name__": "fuzz_shim_program"}
     exec(compile(tree, filename, "exec"), ns)
     return ns
 
@@ -345,9 +393,11 @@ ndarray = field
 # program with what they stop held at its unperturbed value. Central differences get it from a
 # recorded run: the unperturbed run (record) keeps, per kernel launch, every value ti.stop_grad
 # returned, the fields ti.stop_grad(field) named as they were at the launch, and what each
-# @ti.ad.no_grad launch added to each element; the perturbed runs (replay) return those values,
-# read those fields as they were, and add those offsets instead of running the no_grad kernel (no
-# backward at all: the gradient of what it overwrote passes through unchanged, as in Taichi).
+# @ti.ad.no_grad launch did to each element; the perturbed runs (replay) return those values, read
+# those fields as they were, and redo what the no_grad launch did, as constants, instead of running
+# it (docs/autodiff.md): an element (or entry of a vector or matrix element) it overwrote (a store
+# _Overwrites marked) ends at the value it had at the end of the recorded launch, even when the
+# launch accumulated into it after; one it only accumulated into gets what the launch added.
 # Perturbed runs take the same branches (their inputs are MARGIN away from any switch), so the
 # n-th stop_grad of a launch is the same one in both.
 
@@ -357,10 +407,11 @@ class _Stops:
         self.fields: list = []   # every field of the program (what a no_grad launch may change)
         self.top = 0             # the program's launch being run (a checkpoint runs several kernels)
         self.sub = 0             # kernels run so far in it
-        self.log: dict = {}      # (top, sub) -> [values], {id(field): its dict}, no_grad offsets
+        self.log: dict = {}      # (top, sub) -> [values], {id(field): its dict}, no_grad effects
         self.cur = None
         self.pos = 0
         self.frozen: list = []   # replay: (field, its dict) put back when the kernel ends
+        self.over: set | None = None  # record, in a no_grad launch: (id(dict), key, entry or None) overwritten
 
     def launch(self, top: int) -> None:
         self.top, self.sub = top, 0
@@ -371,16 +422,12 @@ class _Stops:
         if self.mode == "record":
             self.cur = self.log[key] = ([], {}, [])
             if no_grad:
-                pre = [dict(f.d) for f in self.fields]
-                out = fn(*args)
-                self.cur[2].extend((f, k, _minus(v, d0[k])) for f, d0 in zip(self.fields, pre)
-                                   for k, v in f.d.items() if v != d0[k])
-                return out
+                return self._record_no_grad(fn, args)
             return fn(*args)
         self.cur, self.pos = self.log[key], 0
         if no_grad:
-            for f, k, dv in self.cur[2]:
-                f.d[k] = _plus(f.d[k], dv)
+            for f, k, held, dv in self.cur[2]:
+                f.d[k] = _redo(f.d[k], held, dv)
             return None
         try:
             out = fn(*args)
@@ -390,6 +437,38 @@ class _Stops:
             self.frozen = []
         assert self.pos == len(self.cur[0]), "a perturbed run met another number of ti.stop_grad calls"
         return out
+
+    def _record_no_grad(self, fn, args):
+        """Run a no_grad kernel, keeping per element it changed or overwrote: (field, key, which
+        entries it overwrote, their final values or what was added to the others)."""
+        pre = [dict(f.d) for f in self.fields]
+        self.over = set()
+        try:
+            out = fn(*args)
+            over = self.over
+        finally:
+            self.over = None
+        for f, d0 in zip(self.fields, pre):
+            for k, v in f.d.items():
+                whole = (id(f.d), k, None) in over
+                if isinstance(v, list):
+                    held = [whole or (id(f.d), k, c) in over for c in range(len(v))]
+                else:
+                    held = whole
+                if v != d0[k] or (any(held) if isinstance(held, list) else held):
+                    self.cur[2].append((f, k, held, _minus(v, d0[k], held)))
+        return out
+
+    def overwrite(self, obj, key) -> None:
+        """A no_grad kernel's store is about to overwrite element `key` of field obj, or entry
+        `key` of the vector or matrix element obj read from a field."""
+        if self.over is None:
+            return
+        if isinstance(obj, Field):
+            self.over.add((id(obj.d), key, None))
+        elif isinstance(obj, Vec) and obj.owner is not None:
+            d, k = obj.owner
+            self.over.add((id(d), k, obj._flat(key)))
 
     def stop(self, x):
         if isinstance(x, Field):
@@ -414,12 +493,17 @@ def _copy(x):
     return Vec(list(x.e), x.shape) if isinstance(x, Vec) else x
 
 
-def _minus(a, b):
-    return [x - y for x, y in zip(a, b)] if isinstance(a, list) else a - b
+def _minus(a, b, held):
+    """What a no_grad launch did to an element: its final value where `held`, else what it added."""
+    if isinstance(a, list):
+        return [x if h else x - y for x, y, h in zip(a, b, held)]
+    return a if held else a - b
 
 
-def _plus(a, b):
-    return [x + y for x, y in zip(a, b)] if isinstance(a, list) else a + b
+def _redo(v, held, dv):
+    if isinstance(v, list):
+        return [d if h else x + d for x, h, d in zip(v, held, dv)]
+    return dv if held else v + dv
 
 
 stops = _Stops()

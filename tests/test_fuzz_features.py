@@ -15,11 +15,22 @@ from fuzz_gen import Program, generate
 
 CI_SEEDS = range(100)   # tests/test_fuzz.py's default WGPU_AD_FUZZ_EXAMPLES
 
+_NO_GRAD_HEAD = r"^ {4}@ti\.ad\.no_grad\n {4}@ti\.kernel\n {4}def .*\n"
+_NO_GRAD_BODY = _NO_GRAD_HEAD + r"(?: {8}.*\n)*?"   # up to a line of its body
+_STORE = r"(?:[abvmwMq]|n[av]|[TGRP]\d+)\[[^\n=]*\](?:\[[^\]\n]*\])? (?:=|\*=) "   # x[..] = or x[..][r, c] = (a field)
+
 # feature -> a pattern of the program's source
 FEATURES = {
     "ti.stop_grad(value)": r"ti\.stop_grad\((?![A-Za-z]\w*\)$)",
     "ti.stop_grad(field) in a loop": r"^ {12}ti\.stop_grad\([A-Za-z]\w*\)$",
     "@ti.ad.no_grad kernel": r"^ {4}@ti\.ad\.no_grad$",
+    # a store (not an accumulation) to a field in a no_grad kernel; and one under an `if`
+    "@ti.ad.no_grad kernel that overwrites": _NO_GRAD_BODY + r" {8,}" + _STORE,
+    "@ti.ad.no_grad kernel that overwrites some elements": _NO_GRAD_BODY + r" {12}if [^\n]*:\n {16}" + _STORE,
+    # ... and reads a field it stores (the first one) in a condition
+    "@ti.ad.no_grad kernel with a condition on what it overwrites":
+        _NO_GRAD_HEAD + r"(?=(?: {8}.*\n)*? {8,}(\w+)\[[^\n=]*\](?:\[[^\]\n]*\])? = )"
+        r"(?: {8}.*\n)*? {8,}(?:if|elif|while) [^\n]*\b\1\[",
     "ti.ad.checkpoint": r"\(ti\.ad\.checkpoint, \(step\d+, [23], \[",
     "while loop": r"^\s+while \w+ < ",
     "while loop with a condition on data": r"^\s+while \w+ < \S+ and ",
@@ -29,7 +40,9 @@ FEATURES = {
     "template argument": r"\w+: ti\.template\(\)",
 }
 # how many of the 100 programs must have each (about half of what the generator gives today)
-AT_LEAST = {"ti.stop_grad(value)": 15, "ti.stop_grad(field) in a loop": 15, "@ti.ad.no_grad kernel": 6,
+AT_LEAST = {"ti.stop_grad(value)": 15, "ti.stop_grad(field) in a loop": 15, "@ti.ad.no_grad kernel": 10,
+            "@ti.ad.no_grad kernel that overwrites": 6, "@ti.ad.no_grad kernel that overwrites some elements": 4,
+            "@ti.ad.no_grad kernel with a condition on what it overwrites": 1,
             "ti.ad.checkpoint": 8, "while loop": 8, "while loop with a condition on data": 5,
             "ndarray argument": 20, "kernel returning a value": 4, "float scalar argument": 20,
             "template argument": 25}
@@ -131,6 +144,55 @@ def test_shim_gives_a_no_grad_kernel_no_backward():
     # k1 adds a constant offset: x only through k2's x[i]; y's gradient passes k1 unchanged
     np.testing.assert_allclose(grads["x"], y1, rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(grads["y"], 2.0 + X0, rtol=1e-6, atol=1e-8)
+
+
+NO_GRAD_OVERWRITES = """
+def build(ti):
+    x = ti.field(dtype=ti.f32, shape=3, needs_grad=True)
+    y = ti.field(dtype=ti.f32, shape=3, needs_grad=True)
+    u = ti.Vector.field(2, dtype=ti.f32, shape=3, needs_grad=True)
+    g = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
+    loss = ti.field(dtype=ti.f32, shape=(), needs_grad=True)
+    @ti.kernel
+    def k1():
+        for i in range(3):
+            u[i] = ti.Vector([x[i], 2.0 * x[i]]) + u[i]
+    @ti.ad.no_grad
+    @ti.kernel
+    def k2():
+        g[None] = 3.0 * g[None]
+        g[None] += x[0]
+        for i in range(3):
+            if i != 1:
+                y[i] = 0.5 * y[i] + x[i]
+            else:
+                y[i] = y[i] + x[i] * x[i]
+            u[i][1] = u[i][0] * x[i]
+    @ti.kernel
+    def k3():
+        for i in range(3):
+            loss[None] += y[i] * x[i] + u[i][0] * u[i][1] + g[None] * x[i]
+    return {'x': x, 'y': y, 'u': u, 'g': g, 'loss': loss}, [(k1, ()), (k2, ()), (k3, ())]
+"""
+
+
+def test_shim_holds_what_a_no_grad_kernel_overwrites_and_passes_what_it_adds_to():
+    """k2 overwrites g (then adds to it: the final value is held all the same), y[0] and y[2],
+    and entry 1 of each u[i]; it adds to y[1] (`y[1] = y[1] + c`) and keeps entry 0 of u[i]."""
+    y0, g0 = np.array([0.1, 0.2, -0.4]), np.array(0.7)
+    u0 = np.array([[0.2, -0.1], [0.5, 0.3], [-0.6, 0.4]])
+    grads = _shim_grads(NO_GRAD_OVERWRITES, {"x": X0, "y": y0, "u": u0, "g": g0})
+    # the values after k2, which k3 reads
+    gA = 3.0 * g0 + X0[0]
+    yA = np.array([0.5 * y0[0] + X0[0], y0[1] + X0[1] ** 2, 0.5 * y0[2] + X0[2]])
+    uA0 = X0 + u0[:, 0]
+    uA1 = uA0 * X0
+    # loss = sum_i yA_i x_i + uA0_i uA1_i + gA x_i, with gA, yA_0, yA_2, uA1 held and
+    # yA_1 = y0_1 + c, uA0 = x + u0_0
+    np.testing.assert_allclose(grads["x"], yA + uA1 + gA, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(grads["y"], [0.0, X0[1], 0.0], rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(grads["u"], np.stack([uA1, np.zeros(3)], axis=1), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(grads["g"], 0.0, atol=1e-8)
 
 
 CHECKPOINT = """

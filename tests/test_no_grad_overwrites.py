@@ -6,6 +6,8 @@ keeps the old value, whose gradient passes through. References are analytic.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -261,3 +263,193 @@ def test_accumulations_in_serial_code_and_with_a_template_and_a_kernel_scope_sum
     ys[0] += 2.0
     np.testing.assert_allclose(x.grad.to_numpy(), 4 * ys, rtol=1e-6)  # dL/dx = 2 y * 2
     assert w.grad[None] == 0.0
+
+
+def _flip_program():
+    x = ti.field(ti.f32, shape=2, needs_grad=True, needs_dual=True)
+    y = ti.field(ti.f32, shape=2, needs_grad=True, needs_dual=True)
+    z = ti.field(ti.f32, shape=2, needs_grad=True, needs_dual=True)
+    L = ti.field(ti.f32, shape=(), needs_grad=True, needs_dual=True)
+    x.from_numpy(np.array([0.5, -0.3], np.float32))
+
+    @ti.kernel
+    def double():
+        for i in x:
+            y[i] = 2.0 * x[i]
+            z[i] = 3.0 * x[i]
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def flip():
+        for i in y:
+            if y[i] > 0:          # reads what it overwrites: after the launch y[0] is -1, not 1
+                y[i] = -y[i]
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def negate_then_clear():
+        for i in y:
+            y[i] = -y[i]
+            if y[i] > 0:          # reads what it wrote itself
+                z[i] = 0.0
+
+    @ti.kernel
+    def total():
+        for i in y:
+            L[None] += 3.0 * y[i] + z[i]
+    return x, L, double, flip, negate_then_clear, total
+
+
+@pytest.mark.parametrize("mode", ["reverse", "forward"])
+def test_which_elements_it_overwrote_is_decided_by_the_values_it_read_not_by_what_it_left(mode):
+    """The backward pass finds the elements a no_grad launch overwrote by running its control flow
+    again, from copies of what it overwrites taken before the launch: from the fields as the
+    launch left them, `if y[i] > 0: y[i] = -y[i]` found no element overwritten (y[0] was 1, is -1)
+    and the gradient of y[0] went on to x[0]; and `y[i] = -y[i]; if y[i] > 0: z[i] = 0` cleared
+    the other element's. flip runs twice: only its first launch overwrites y[0]."""
+    x, L, double, flip, negate_then_clear, total = _flip_program()
+    runs = [(double, flip, flip, total), (double, negate_then_clear, total)]
+    # L = 3 y + z with y = 2x, z = 3x, except what the no_grad kernels overwrote (a constant):
+    # y[0] (flip): dL/dx = [3, 3 * 2 + 3]; all of y, and z[1] (y[1] becomes 0.6): dL/dx = [3, 0]
+    want = [np.array([3.0, 9.0]), np.array([3.0, 0.0])]
+    for launches, w in zip(runs, want):
+        if mode == "reverse":
+            with ti.ad.Tape(loss=L):
+                for k in launches:
+                    k()
+            np.testing.assert_allclose(x.grad.to_numpy(), w, rtol=1e-6)
+        else:
+            with ti.ad.FwdMode(loss=L, param=x, seed=[1.0, 1.0]):
+                for k in launches:
+                    k()
+            assert L.dual[None] == pytest.approx(w.sum(), rel=1e-6)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_which_elements_it_overwrote_in_each_of_several_steps(checkpointed):
+    """flip overwrites s[0] in the second of three steps only, from a value it reads and
+    overwrites; in a checkpointed step the copies are kept while the step is recorded again."""
+    x = ti.field(ti.f32, shape=2, needs_grad=True)
+    s = ti.field(ti.f32, shape=2, needs_grad=True)
+    L = ti.field(ti.f32, shape=(), needs_grad=True)
+    x.from_numpy(np.array([0.5, -0.3], np.float32))
+
+    @ti.kernel
+    def grow():
+        for i in s:
+            s[i] = s[i] * 1.5 + x[i]
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def flip():
+        for i in s:
+            if s[i] > 0.6:
+                s[i] = -s[i]
+
+    @ti.kernel
+    def total():
+        for i in s:
+            L[None] += s[i]
+
+    def step(t):
+        grow()
+        flip()
+
+    with ti.ad.Tape(loss=L):
+        if checkpointed:
+            ti.ad.checkpoint(step, 3, state=[s])
+        else:
+            for t in range(3):
+                step(t)
+        total()
+    # s[0]: 0.5, 1.25 -> -1.25 (a constant), -1.375: dL/dx_0 = 1 (the last step's x_0);
+    # s[1] = x_1 (1 + 1.5 + 1.5^2) never flips: 4.75
+    np.testing.assert_allclose(s.to_numpy(), [-1.375, -0.3 * 4.75], rtol=1e-6)
+    np.testing.assert_allclose(x.grad.to_numpy(), [1.0, 4.75], rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["reverse", "forward"])
+def test_a_no_grad_kernel_returning_a_kernel_scope_sum_still_zeroes_what_it_overwrites(mode):
+    """Its zeroing kernel kept the return statement, which reads the sum's scratch buffer: it was
+    refused ('depends on a kernel-scope sum', a GradientWarning) and T's old gradient passed on to
+    whatever wrote T before (the fuzzer's seed 86)."""
+    a = ti.field(ti.f32, shape=3, needs_grad=True, needs_dual=True)
+    T = ti.field(ti.f32, shape=3, needs_grad=True, needs_dual=True)
+    L = ti.field(ti.f32, shape=(), needs_grad=True, needs_dual=True)
+    a.from_numpy(np.array([0.5, -0.3, 0.2], np.float32))
+
+    @ti.kernel
+    def fill():
+        for i in a:
+            T[i] = 2.0 * a[i]
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def shrink() -> ti.f32:
+        s = 0.0
+        for i in a:
+            s += a[i]
+            T[i] = T[i] * 0.75 + a[i]
+        return s
+
+    @ti.kernel
+    def total():
+        for i in T:
+            L[None] += T[i] + a[i] * a[i]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ti.ad.GradientWarning)
+        if mode == "reverse":
+            with ti.ad.Tape(loss=L):
+                fill()
+                assert shrink() == pytest.approx(0.4, rel=1e-6)
+                total()
+            got = a.grad.to_numpy()
+        else:
+            with ti.ad.FwdMode(loss=L, param=a, seed=[1.0, 0.0, 0.0]):
+                fill()
+                shrink()
+                total()
+            got = L.dual[None]
+    # T is a constant after shrink: dL/da = 2a only
+    want = 2 * a.to_numpy().astype(np.float64)
+    np.testing.assert_allclose(got, want if mode == "reverse" else want[0], rtol=1e-6)
+
+
+def test_a_condition_on_what_it_stored_just_before_needs_no_copy():
+    """`mask[i] = ti.random(); if mask[i] < p: y[i] = 0`: the condition reads what the launch
+    leaves in mask, so the zeroing reads mask as it is (a replay would need the random numbers:
+    it warned and zeroed nothing)."""
+    x = ti.field(ti.f32, shape=64, needs_grad=True)
+    y = ti.field(ti.f32, shape=64, needs_grad=True)
+    mask = ti.field(ti.f32, shape=64, needs_grad=True)
+    L = ti.field(ti.f32, shape=(), needs_grad=True)
+    x.fill(1.0)
+
+    @ti.kernel
+    def double():
+        for i in x:
+            y[i] = 2.0 * x[i]
+
+    @ti.ad.no_grad
+    @ti.kernel
+    def drop():
+        for i in y:
+            mask[i] = ti.random()
+            if mask[i] < 0.5:
+                y[i] = 0.0
+
+    @ti.kernel
+    def total():
+        for i in y:
+            L[None] += y[i]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ti.ad.GradientWarning)
+        with ti.ad.Tape(loss=L):
+            double()
+            drop()
+            total()
+    m = mask.to_numpy()
+    assert 0 < (m < 0.5).sum() < 64
+    np.testing.assert_array_equal(x.grad.to_numpy(), np.where(m < 0.5, 0.0, 2.0))

@@ -69,13 +69,16 @@ def launch_observed(k, args: tuple, s, ad):
     tape = ad.tape
     want = _may_want_grad(lc, args, tape, ad)
     run = _checked(k, lc) if want and lc.compiled.shadowed else lc
+    taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
+    zeroed = _zeroed(k, tape, ad)
+    if zeroed and ad.keep_copies and (want or ad.fwd is not None):  # (before a deferred launch)
+        _keep_for_zeroing(k, args, taped, ad)
     if tape is not None:
         tape.record(k, args)
         if tape.defer(k, run, args, rt):
             _note_versions(k, lc, args, s)
             return None  # launched before anything else reaches the device, or fused with its adjoint
-    taped = tape is not None and tape.recording and not ad.in_backward and tape.keep_copies
-    if lc.snapshots and ad.keep_copies and not k._no_grad:  # no_grad: no adjoint reads them
+    if lc.snapshots and ad.keep_copies and not zeroed:  # no_grad: no adjoint reads them
         k._keep.keep_snapshots(lc, args, taped)
     if lc.ck.ret_dtype is not None and ad.host_guard is not None:
         ad.host_guard(k, f"the return value of kernel '{k.__name__}'")
@@ -105,7 +108,10 @@ def launch_external(k, args: tuple, s, ad):
     if ad.fwd is not None and not k._no_grad and not ad.no_grad_depth:
         lc = k._get_dual(dev)[0]  # host arrays have no duals; fields may
         _before_dual(k, fwd, dev, ad, external=True)
-    if lc.snapshots and ad.keep_copies and not k._no_grad:  # no_grad: no adjoint reads them
+    zeroed = _zeroed(k, tape, ad)
+    if zeroed and ad.keep_copies:
+        _keep_for_zeroing(k, dev, taped, ad)
+    if lc.snapshots and ad.keep_copies and not zeroed:  # no_grad: no adjoint reads them
         k._keep.keep_snapshots(lc, dev, taped)
     want = lc is fwd and _may_want_grad(lc, dev, tape, ad)
     if lc is fwd and _shadowed(lc, want):
@@ -117,6 +123,23 @@ def launch_external(k, args: tuple, s, ad):
     if ad.fwd is not None and lc is fwd:  # a no_grad launch in forward mode: see launch_observed
         zero_overwritten(k, dev, duals=True)
     return ret
+
+
+def _zeroed(k, tape, ad) -> bool:
+    """Whether the gradients (or in forward mode the tangents) of what this launch overwrites
+    will be zeroed (zero_overwritten) instead of its adjoint run: a no_grad kernel, or a kernel a
+    no_grad function launches."""
+    custom = getattr(tape, "_custom", None)
+    return k._no_grad or bool(ad.no_grad_depth) or (custom is not None and custom.kind == "no_grad")
+
+
+def _keep_for_zeroing(k, args, taped: bool, ad) -> None:
+    """Before such a launch: copies of what it writes that its zeroing kernel replays (which
+    elements it overwrites depends on them: passes/autodiff/overwritten.py)."""
+    duals = ad.fwd is not None
+    z = k._get_zeroing(args, duals)[0]
+    if isinstance(z, Launcher) and z.snapshots:
+        k._keep.keep_snapshots(z, args, taped and not duals, always=True)
 
 
 def _launch_dual(k, args, s, ad):
@@ -414,7 +437,9 @@ def zero_overwritten(k, args: tuple, duals: bool = False) -> None:
              f"{'tangents' if duals else 'gradients'}, and {z}: {left}. Write those fields in a kernel without "
              f"@ti.ad.no_grad, or compute the indices from fields", GradientWarning)
     elif z is not None:
-        launch(z, args, rt)
+        snaps = k._keep.pop_snapshots(z, args)  # what it replays (_keep_for_zeroing)
+        launch(z, args + snaps, rt)
+        k._keep.recycle(snaps)
         if bound is not None and not duals:
             Externals.to_host(bound, z.ck, grads=True, kernel=k.__name__)
 

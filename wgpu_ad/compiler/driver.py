@@ -29,7 +29,7 @@ from ..ir.ops import Op
 from ..ir.utils import walk_kernel
 from ..passes.autodiff import CHECKED, CHECKS, DUAL, FORWARD, AdjointRequest, Derivation, NotFusable, adjoint_steps, derive
 from ..passes.autodiff.access import footprint
-from ..passes.autodiff.overwritten import needs_unknown, without_unknown, zeroing_kernel
+from ..passes.autodiff.overwritten import needs_unknown, replayed, without_unknown, zeroing_kernel
 from ..passes.pipeline import lower_for_codegen, optimize
 from ..plan import CompiledKernel
 from . import cache
@@ -239,19 +239,29 @@ def compile_zeroing(fwd: Compiled, grads: tuple, opts: CompileOptions) -> Compil
     the gradients of the elements the kernel overwrites. None when it overwrites nothing with a
     gradient; a reason (str) when the elements it overwrites depend on values it cannot recompute."""
     by_source = dict(zip(fwd.plan.buffers, grads))
-    # (fields and ndarrays: a kernel-scope sum's scratch buffer is the launch's own)
-    ir, _ = zeroing_kernel(fwd.ir, lambda b: by_source.get(b.source) if isinstance(b.source, (plan.Field, plan.Arg))
-                           else None)
+    stored = (plan.Field, plan.Arg)
+
+    def zeroing(replay: tuple = ()) -> Kernel | None:
+        # (fields and ndarrays: a kernel-scope sum's scratch buffer is the launch's own)
+        ir, _ = zeroing_kernel(fwd.ir, lambda b: by_source.get(b.source) if isinstance(b.source, stored) else None,
+                               replay, plan.Snapshot)
+        return None if ir is None else user_errors(lambda: _optimize(ir, opts))
+    ir = zeroing()
     if ir is None:
         return None
-    ir = user_errors(lambda: _optimize(ir, opts))
+    # what it writes that its indices or control flow read (and what those stores read in turn):
+    # replayed on copies from before the launch
+    replay: tuple = ()
+    while more := replayed(fwd.ir, ir, lambda src: isinstance(src, stored)):
+        replay += more
+        ir = zeroing(replay)
     if needs_unknown(ir):
         return "which elements it overwrites depends on a random number or on the value an atomic returned"
-    if any(isinstance(b.source, (plan.Scratch, plan.Snapshot)) for b in ir.buffers
+    if any(isinstance(b.source, plan.Scratch) for b in ir.buffers
            if any(s.attr is b for s in walk_kernel(ir) if s.op is Op.GLOBAL_LOAD)):
-        return "which elements it overwrites depends on values its launch kept (a snapshot or a sum)"
+        return "which elements it overwrites depends on a kernel-scope sum"
     ir = without_unknown(ir)
-    ck = user_errors(lambda: _codegen(ir, opts))
+    ck = user_errors(lambda: _codegen(ir, opts, snapshots=replay))
     return Compiled(ck, fwd.storages, lambda: ir, None)
 
 

@@ -102,11 +102,13 @@ class LaunchKeep:
                          self.scratch_spare, self.shadow_spare):
                 pool.clear()
 
-    def keep_snapshots(self, lc, args, taped: bool) -> None:
+    def keep_snapshots(self, lc, args, taped: bool, always: bool = False) -> None:
         """Before a forward launch that updates fields in place (passes/autodiff/promote.py):
         copy them, for its adjoint's replay. Only when a gradient may be asked for (something it
-        reads has one); a tape keeps one copy per launch, a launch outside a tape only the last."""
-        if not any(get(args).needs_grad for get in lc.loads + lc.snapshots):
+        reads has one), unless `always`; a tape keeps one copy per launch, a launch outside a tape
+        only the last. (lc: the Launcher whose plan names the fields: the forward's, or a no_grad
+        kernel's zeroing kernel's.)"""
+        if not always and not any(get(args).needs_grad for get in lc.loads + lc.snapshots):
             return
         self.drop_dead()
         fields = [get(args) for get in lc.snapshots]

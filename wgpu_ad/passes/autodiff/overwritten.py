@@ -11,10 +11,17 @@ passes through unchanged, as skipping gives.
 So the backward pass of a no_grad kernel is this kernel, made from its forward IR: each plain
 store to a float buffer that has a gradient becomes a store of 0 to that gradient at the same
 index, unless it stores the element's own value plus or minus something (`y[i] += v` that one
-thread owns, made a read-modify-write); every other store, atomic, print and assert goes. What remains computes only the indices
+thread owns, made a read-modify-write); every other store, atomic, print and assert goes, and so
+does the return value. What remains computes only the indices
 and the control flow of those stores, from the fields as they are at the backward pass (as every
 adjoint replays its forward). A value it cannot recompute there (a random number, the old value an
 atomic returned) that the indices or the control flow need makes it unavailable (`why`).
+
+Those fields are as the launch left them, so where the indices or the control flow read what the
+kernel itself writes (`if y[i] > 0: y[i] = -y[i]`: y[0] was 1 and is -1 after), the zeroing
+kernel replays the launch on copies of those fields taken before it (`replay`: their sources, in
+the order of plan.Snapshot(j)): it reads them there and keeps its stores and atomics to them, so
+that its control flow is the launch's own, a read after the thread's own store included.
 """
 from __future__ import annotations
 
@@ -35,10 +42,13 @@ def _is_unknown(b: Buffer) -> bool:
     return b.source is None and b.name == _UNKNOWN
 
 
-def zeroing_kernel(kernel: Kernel, grad_source: Callable) -> tuple[Kernel | None, list]:
+def zeroing_kernel(kernel: Kernel, grad_source: Callable, replay: tuple = (),
+                   snapshot: Callable | None = None) -> tuple[Kernel | None, list]:
     """(the IR that zeroes the gradients of the elements `kernel` overwrites, or None when it
     overwrites none; the grad sources it writes, by position of its buffers). The IR still needs
-    optimising; `needs_unknown(ir)` afterwards says whether it is usable."""
+    optimising; `needs_unknown(ir)` afterwards says whether it is usable. The buffers whose
+    sources are in `replay` are read and written in their copies, `snapshot(j)` the source of the
+    j-th (module docstring)."""
     k = clone_kernel(kernel)
     unknown = Buffer(_UNKNOWN, i32, None)
     grads: dict[int, Buffer] = {}
@@ -66,6 +76,11 @@ def zeroing_kernel(kernel: Kernel, grad_source: Callable) -> tuple[Kernel | None
                 if g is not None:
                     zero = Stmt(Op.CONST, s.attr.dtype, [], 0.0, loc=s.loc)
                     out += [zero, Stmt(Op.GLOBAL_STORE, None, [s.args[0], zero], g, loc=s.loc, index=s.index)]
+                if s.attr.source in replay:
+                    out.append(s)  # the replay's copy changes as the field did
+                continue
+            if s.op is Op.ATOMIC and s.attr[1].source in replay:
+                out.append(s)
                 continue
             if s.op in (Op.ATOMIC, Op.RANDOM):  # (its value, when something still needs it, is unknown)
                 zero = Stmt(Op.CONST, i32, [], 0, loc=s.loc)
@@ -74,14 +89,25 @@ def zeroing_kernel(kernel: Kernel, grad_source: Callable) -> tuple[Kernel | None
                 continue
             if s.op in (Op.PRINT, Op.ASSERT):
                 continue
+            if s.op is Op.RETURN:  # its value is not needed (a kernel-scope sum's, often): only where it ends
+                dt = s.args[0].dtype
+                value = Stmt(Op.CONST, dt, [], 0.0 if dt.is_float else 0, loc=s.loc)
+                s.args = [value]
+                out.append(value)
             out.append(s)
         block.stmts = out
 
     for t in k.tasks:
         for blk in (t.bounds, t.body, t.epilogue):
             rewrite(blk)
+            if blk.stmts and blk.stmts[-1].op is Op.RETURN:
+                blk.stmts[-2:] = []  # (and its constant) at the end: nothing to return, no read-back
+    if not any(s.op is Op.RETURN for s in walk_kernel(k)):
+        k.ret = None
     if not grads:
         return None, []
+    if replay:
+        _redirect(k, replay, snapshot)
     have = {id(b) for b in k.buffers}
     for g in grads.values():
         if id(g) not in have:
@@ -90,6 +116,58 @@ def zeroing_kernel(kernel: Kernel, grad_source: Callable) -> tuple[Kernel | None
     k.buffers.append(unknown)
     k.uses_random = False
     return k, [g.source for g in grads.values()]
+
+
+def _redirect(k: Kernel, replay: tuple, snapshot: Callable) -> None:
+    """The accesses to the buffers of the sources in `replay` go to their copies."""
+    copies: dict = {}
+    for b in list(k.buffers):
+        if b.source in replay and not b.grad:
+            copies[id(b)] = c = Buffer(b.name + "_before", b.dtype, snapshot(replay.index(b.source)),
+                                       vector=b.vector, shape=b.shape)
+            k.buffers.append(c)
+    for s in walk_kernel(k):
+        if s.op in (Op.GLOBAL_LOAD, Op.GLOBAL_STORE) and id(s.attr) in copies:
+            s.attr = copies[id(s.attr)]
+        elif s.op is Op.ATOMIC and id(s.attr[1]) in copies:
+            s.attr = (s.attr[0], copies[id(s.attr[1])])
+
+
+def replayed(kernel: Kernel, zeroing: Kernel, replayable: Callable) -> tuple:
+    """The sources of the buffers `kernel` writes that its optimised zeroing kernel reads (the
+    indices or the control flow of its overwrites), in order, that `replayable(source)` allows,
+    but those whose every read reads what the launch leaves there (_reads_what_it_leaves)."""
+    written = {(s.attr if s.op is Op.GLOBAL_STORE else s.attr[1]).source for s in walk_kernel(kernel)
+               if s.op in (Op.GLOBAL_STORE, Op.ATOMIC)}
+    read = (s.attr.source for s in walk_kernel(zeroing) if s.op is Op.GLOBAL_LOAD and not s.attr.grad)
+    return tuple(src for src in dict.fromkeys(read)
+                 if src in written and replayable(src) and not _reads_what_it_leaves(kernel, src))
+
+
+def _reads_what_it_leaves(kernel: Kernel, src) -> bool:
+    """Whether every read of the buffer of `src` reads the value the launch leaves in that element
+    (`mask[i] = ti.random(); if mask[i] < p: ...`, where replaying would need the random number):
+    one plain store to it, in no serial loop, and each load after it in its block (or in a statement
+    after it there), at the same index."""
+    stores, loads = [], []
+
+    def visit(block: Block, path: tuple, in_loop: bool) -> None:
+        for n, s in enumerate(block.stmts):
+            here = path + ((id(block), n),)
+            buf = s.attr[1] if s.op is Op.ATOMIC else s.attr
+            if s.op in (Op.GLOBAL_STORE, Op.ATOMIC) and buf.source == src:
+                stores.append((s, here, in_loop or s.op is Op.ATOMIC))
+            elif s.op is Op.GLOBAL_LOAD and buf.source == src:
+                loads.append((s, here))
+            for b in s.blocks:
+                visit(b, here, in_loop or s.op in (Op.RANGE_FOR, Op.WHILE))
+    for t in kernel.tasks:
+        for blk in (t.bounds, t.body, t.epilogue):
+            visit(blk, (), False)
+    if len(stores) != 1 or stores[0][2]:
+        return False
+    store, (*_, (block, at)), _ = stores[0]
+    return all(x.args[0] is store.args[0] and any(b == block and n > at for b, n in where) for x, where in loads)
 
 
 def _accumulates(store: Stmt) -> bool:
