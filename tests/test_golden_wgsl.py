@@ -104,7 +104,7 @@ def test_generated_wgsl_reads_like_the_source():
     nothing reads (the address arithmetic of vector loads)."""
     texts = {name: wgsl_of(name, fn) for name, fn in _kernels()}
     smap = texts["scalar_map"]
-    assert "let s = sin(" in smap and "let i = " in smap and "let s_adj = " in smap
+    assert "let s = sin_f32(" in smap and "let i = " in smap and "let s_adj = " in smap
     pairs = texts["pair_loop"]
     assert "let r_x = " in pairs and "let r_y = " in pairs and "for (var j: i32" in pairs
     adjoint = pairs.split(": adjoint")[1]

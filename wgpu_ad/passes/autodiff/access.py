@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from ...errors import NotDifferentiableError
 from ...ir.nodes import Kernel, Stmt, Task, walk
 from ...ir.ops import AtomicKind, Op
-from .access_pairs import Pairs, canonical, parallel_pins, same_thread
+from .access_pairs import Pairs, adds_what_it_reads, canonical, parallel_pins, same_thread
 from .ranges import IndexRanges
 
 Affine = dict  # key -> coefficient; key None is the constant term
@@ -347,7 +347,7 @@ def _injective(w: Stmt, loops: list, ld: dict, around: dict | None = None, range
 
 def _refuse_repeated_write(kernel: Kernel, w: Stmt):
     name = _buf(w).name
-    if _adds_what_it_reads(w, kernel.loop_dims):
+    if adds_what_it_reads(w, _buf(w), lambda x, y: _same_element(x, y, kernel.loop_dims)):
         raise NotDifferentiableError(
             f"cannot differentiate kernel '{kernel.name}': it adds to field '{name}' ({_line(w)}) inside a "
             f"loop an amount computed from '{name}' itself, and the same element may be updated by more than "
@@ -360,26 +360,6 @@ def _refuse_repeated_write(kernel: Kernel, w: Stmt):
         f"and the same element may be stored by more than one iteration or thread; only the last value "
         f"survives, so the gradient would be silently wrong. Index the field by every loop variable, or "
         f"accumulate with += (atomic add)", w.loc)
-
-
-def _adds_what_it_reads(w: Stmt, ld: dict) -> bool:
-    """The store is `x[e] = x[e] + v` (or `x[e] += v`, made a store by promote.py) where v reads x."""
-    v = w.args[1] if w.op is Op.GLOBAL_STORE else None
-    if v is None or v.op not in (Op.ADD, Op.SUB):
-        return False
-    buf = _buf(w)
-    for own, other in ((v.args[0], v.args[1]), (v.args[1], v.args[0])):
-        if own.op is Op.GLOBAL_LOAD and own.attr is buf and _same_element(own, w, ld):
-            seen, todo = set(), [other]
-            while todo:
-                x = todo.pop()
-                if id(x) in seen:
-                    continue
-                seen.add(id(x))
-                if x.op is Op.GLOBAL_LOAD and x.attr is buf:
-                    return True
-                todo.extend(x.args)
-    return False
 
 
 def _same_element(a: Stmt, b: Stmt, ld: dict) -> bool:

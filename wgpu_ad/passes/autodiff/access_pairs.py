@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ...ir.nodes import Stmt
+from ...ir.ops import Op
 
 PARALLEL = ("pdim", "ploop")  # the loop keys of a task's parallel index
 
@@ -100,3 +101,22 @@ def _bits(mask: int):
         low = mask & -mask
         yield low.bit_length() - 1
         mask ^= low
+
+
+def adds_what_it_reads(w: Stmt, buf, same) -> bool:
+    """The store w is `x[e] = x[e] + v` (or `x[e] += v`, made a store by promote.py) where v reads
+    x (buf); same(load, w): the load reads w's element."""
+    v = w.args[1] if w.op is Op.GLOBAL_STORE else None
+    if v is None or v.op not in (Op.ADD, Op.SUB):
+        return False
+    for own, other in ((v.args[0], v.args[1]), (v.args[1], v.args[0])):
+        if own.op is Op.GLOBAL_LOAD and own.attr is buf and same(own, w):
+            seen, todo = set(), [other]
+            while todo:
+                x = todo.pop()
+                if id(x) not in seen:
+                    seen.add(id(x))
+                    if x.op is Op.GLOBAL_LOAD and x.attr is buf:
+                        return True
+                    todo.extend(x.args)
+    return False
