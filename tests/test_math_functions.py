@@ -386,3 +386,34 @@ def test_special_values_of_the_accurate_helpers():
     want = f32(np.arctan2(ys.astype(np.float64), xs.astype(np.float64)))
     np.testing.assert_array_equal(out.to_numpy(), want)
     np.testing.assert_array_equal(np.signbit(out.to_numpy()), np.signbit(want))  # +-0 and +-pi
+
+
+SWIFTSHADER = "/usr/lib/chromium/libvk_swiftshader.so"  # Debian's chromium (CI installs it for the browser tests)
+_ON_SWIFTSHADER = """
+import sys, pytest, wgpu_ad
+dev = str(wgpu_ad.get_runtime().adapter.info.get("device", ""))
+assert "SwiftShader" in dev, f"the subprocess runs on {dev!r}, not SwiftShader"
+wgpu_ad.reset()
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-k", "not swiftshader", sys.argv[1]]))
+"""
+
+
+def test_the_bounds_hold_on_swiftshaders_vulkan_driver_too(tmp_path):
+    """This file's tests again on a second driver, SwiftShader's Vulkan (a CPU driver too, but one
+    whose built-ins use WGSL's room: sin(1e-30) = 0, cos 17 ulps off near 0, log(0) = -88): the
+    helpers of shaders/math.wgsl make the table hold there as well."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    if not Path(SWIFTSHADER).exists():
+        pytest.skip(f"SwiftShader's Vulkan driver is not installed ({SWIFTSHADER}: Debian's chromium package)")
+    icd = tmp_path / "swiftshader_icd.json"
+    icd.write_text(json.dumps({"file_format_version": "1.0.0",
+                               "ICD": {"library_path": SWIFTSHADER, "api_version": "1.0.5"}}))
+    env = dict(os.environ, VK_ICD_FILENAMES=str(icd), WGPU_AD_OFFLINE_CACHE="0")
+    r = subprocess.run([sys.executable, "-c", _ON_SWIFTSHADER, __file__], env=env, capture_output=True,
+                       text=True, timeout=600, cwd=Path(__file__).parent)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert " passed" in r.stdout and " failed" not in r.stdout
