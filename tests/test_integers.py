@@ -37,6 +37,8 @@ def test_from_numpy_refuses_integers_that_would_wrap():
 
 
 def test_from_numpy_refuses_floats_that_would_become_inf():
+    if "shader-f16" not in ti.get_runtime().device.features:
+        pytest.skip("this adapter lacks the shader-f16 feature (f16 fields are refused, with their own error)")
     h = ti.field(ti.f16, shape=3, name="h")
     with pytest.raises(WgpuAdError) as e:
         h.from_numpy(np.array([1.0, 7e4, 3.0]))
