@@ -235,7 +235,7 @@ class StatementWriter:
             self.line(d, f"for (var {var}: i32 = {begin}; {var} < {end}; {var} += 1i) {{")
             self.block(s.blocks[0], d + 1, body=True)
             self.line(d, "}")
-            self.continue_as.pop()
+            self.close_loop(d, flag)  # (pops its flag and continue entries; writes no check)
             return
         lo, hi = s.args
         trips = int(hi.attr) - int(lo.attr) if lo.op is Op.CONST and hi.op is Op.CONST else None
